@@ -1,0 +1,49 @@
+"""What one engine step runs, and what it produced."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.engine.request import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """Tokens of one sequence computed this step: a decode token, a prefill
+    chunk, or a recompute after preemption; the runner does not care which."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    start_position: int           # position of token_ids[0] in the sequence
+    block_table: tuple[int, ...]  # covers start_position + len(token_ids) tokens
+    samples: bool                 # this chunk reaches the end: sample one token
+    num_output_tokens: int        # already produced (for min_tokens masking)
+    sampling: Any = None          # the request's opaque sampling parameters
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    chunks: tuple[ScheduledChunk, ...]
+    preempted_ids: tuple[str, ...] = ()
+    now_s: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(chunk.token_ids) for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,59 @@
+"""What the engine core knows about a request: token ids and stop rules.
+
+Sampling parameters travel opaquely (`sampling`) because only the model
+runner interprets them; the core decides when a sequence is finished.
+"""
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class ServiceClass(enum.IntEnum):
+    # Lower value is served first within a step.
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"          # EOS or a stop token id
+    LENGTH = "length"      # max output tokens or the model's context
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class StopPolicy:
+    max_output_tokens: int
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop ids do not end the sequence before this
+
+    def finish_reason(self, token_id: int, num_output_tokens: int) -> FinishReason | None:
+        """Why the sequence ends after emitting `token_id` as output number
+        `num_output_tokens` (1-based), or None if it goes on."""
+        if num_output_tokens >= self.min_tokens:
+            if token_id in self.stop_token_ids:
+                return FinishReason.STOP
+            if token_id in self.eos_token_ids and not self.ignore_eos:
+                return FinishReason.STOP
+        if num_output_tokens >= self.max_output_tokens:
+            return FinishReason.LENGTH
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    stop: StopPolicy
+    service_class: ServiceClass = ServiceClass.INTERACTIVE
+    fairness_key: str = ""  # opaque tenant key; prefill rotates across keys
+    sampling: Any = None    # interpreted by the model runner only
+    arrival_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id}: empty prompt")
+        if self.stop.max_output_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_output_tokens must be >= 1")

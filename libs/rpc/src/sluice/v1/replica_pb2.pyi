@@ -1,0 +1,78 @@
+from sluice.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TokenRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "max_output_tokens", "service_class", "fairness_key", "lease")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _common_pb2.SamplingParams
+    max_output_tokens: int
+    service_class: _common_pb2.ServiceClass
+    fairness_key: str
+    lease: _common_pb2.Lease
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., fairness_key: _Optional[str] = ..., lease: _Optional[_Union[_common_pb2.Lease, _Mapping]] = ...) -> None: ...
+
+class TokenEvent(_message.Message):
+    __slots__ = ("tokens", "finished")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    tokens: TokenDelta
+    finished: TokenFinished
+    def __init__(self, tokens: _Optional[_Union[TokenDelta, _Mapping]] = ..., finished: _Optional[_Union[TokenFinished, _Mapping]] = ...) -> None: ...
+
+class TokenDelta(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TokenFinished(_message.Message):
+    __slots__ = ("finish_reason", "usage")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: _common_pb2.FinishReason
+    usage: _common_pb2.Usage
+    def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
+
+class WatchStateRequest(_message.Message):
+    __slots__ = ("min_interval_s",)
+    MIN_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    min_interval_s: float
+    def __init__(self, min_interval_s: _Optional[float] = ...) -> None: ...
+
+class ReplicaState(_message.Message):
+    __slots__ = ("replica_id", "model_version", "total_kv_blocks", "free_kv_blocks", "block_size_tokens", "num_running", "num_waiting", "step_time_s", "ready", "at_unix_s")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    model_version: str
+    total_kv_blocks: int
+    free_kv_blocks: int
+    block_size_tokens: int
+    num_running: int
+    num_waiting: int
+    step_time_s: float
+    ready: bool
+    at_unix_s: float
+    def __init__(self, replica_id: _Optional[str] = ..., model_version: _Optional[str] = ..., total_kv_blocks: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., step_time_s: _Optional[float] = ..., ready: _Optional[bool] = ..., at_unix_s: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,114 @@
+from sluice.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content", "name")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    name: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class ChatMessages(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "tenant", "model", "chat", "prompt_text", "sampling", "max_output_tokens", "service_class", "deadline_unix_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    model: str
+    chat: ChatMessages
+    prompt_text: str
+    sampling: _common_pb2.SamplingParams
+    max_output_tokens: int
+    service_class: _common_pb2.ServiceClass
+    deadline_unix_s: float
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("admitted", "delta", "finished", "error")
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    admitted: Admitted
+    delta: Delta
+    finished: Finished
+    error: Error
+    def __init__(self, admitted: _Optional[_Union[Admitted, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class Admitted(_message.Message):
+    __slots__ = ("model_version", "prompt_tokens", "replica_id")
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    model_version: str
+    prompt_tokens: int
+    replica_id: str
+    def __init__(self, model_version: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
+
+class Delta(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Finished(_message.Message):
+    __slots__ = ("finish_reason", "usage")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: _common_pb2.FinishReason
+    usage: _common_pb2.Usage
+    def __init__(self, finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("id", "versions", "context_length_tokens", "created_unix_s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_LENGTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    versions: _containers.RepeatedScalarFieldContainer[str]
+    context_length_tokens: int
+    created_unix_s: float
+    def __init__(self, id: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., context_length_tokens: _Optional[int] = ..., created_unix_s: _Optional[float] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...

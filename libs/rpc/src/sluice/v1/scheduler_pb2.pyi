@@ -1,0 +1,69 @@
+from sluice.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PlacementRequest(_message.Message):
+    __slots__ = ("enqueue", "release")
+    ENQUEUE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    enqueue: Enqueue
+    release: Release
+    def __init__(self, enqueue: _Optional[_Union[Enqueue, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+
+class Enqueue(_message.Message):
+    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    model_version: str
+    service_class: _common_pb2.ServiceClass
+    prompt_tokens: int
+    max_output_tokens: int
+    deadline_unix_s: float
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("request_id", "dispatch", "reject")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPATCH_FIELD_NUMBER: _ClassVar[int]
+    REJECT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    dispatch: Dispatch
+    reject: Reject
+    def __init__(self, request_id: _Optional[str] = ..., dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
+
+class Dispatch(_message.Message):
+    __slots__ = ("replica_id", "replica_address", "lease")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    replica_address: str
+    lease: _common_pb2.Lease
+    def __init__(self, replica_id: _Optional[str] = ..., replica_address: _Optional[str] = ..., lease: _Optional[_Union[_common_pb2.Lease, _Mapping]] = ...) -> None: ...
+
+class Reject(_message.Message):
+    __slots__ = ("reason", "message", "retry_after_s")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    message: str
+    retry_after_s: float
+    def __init__(self, reason: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...

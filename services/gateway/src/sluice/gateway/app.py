@@ -1,0 +1,51 @@
+"""The gateway's ASGI application."""
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sluice.gateway.auth import Authenticator, StaticKeyAuthenticator
+from sluice.gateway.errors import ApiError
+from sluice.gateway.metrics import GatewayMetrics
+from sluice.gateway.router_client import RouterClient
+from sluice.gateway.routes import generation, health, models
+from sluice.gateway.settings import GatewaySettings
+from sluice.gateway.state import GatewayState
+
+
+async def _http_error(request: Request, error: HTTPException) -> Response:
+    # Unknown routes and wrong methods still answer in OpenAI's error shape.
+    return ApiError(error.status_code, str(error.detail), None).response()
+
+
+def create_app(settings: GatewaySettings, authenticator: Authenticator | None = None) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        router = RouterClient(settings.router_address)
+        app.state.gateway = GatewayState(
+            settings=settings,
+            router=router,
+            authenticator=authenticator or StaticKeyAuthenticator(settings.dev_api_key, settings.dev_tenant),
+            metrics=GatewayMetrics.create(),
+        )
+        try:
+            yield
+        finally:
+            await router.close()
+
+    routes = [
+        Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
+        Route("/v1/completions", generation.completions, methods=["POST"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", models.retrieve_model, methods=["GET"]),
+        Route("/healthz", health.healthz, methods=["GET"]),
+        Route("/health", health.healthz, methods=["GET"]),
+        Route("/readyz", health.readyz, methods=["GET"]),
+        Route("/metrics", health.metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})

@@ -1,0 +1,26 @@
+"""Liveness, readiness and metrics."""
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sluice.gateway.state import GatewayState
+
+
+async def healthz(request: Request) -> Response:
+    """Liveness: the process answers. Also served as /health, which load
+    tools such as guidellm probe before they start."""
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Ready only when the router answers and reports serving."""
+    state: GatewayState = request.app.state.gateway
+    if await state.router.is_serving():
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "router unavailable"}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,41 @@
+"""GET /v1/models and GET /v1/models/{model}: the router's catalog."""
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sluice.gateway.auth import authenticate
+from sluice.gateway.errors import ApiError, from_service_error
+from sluice.gateway.state import GatewayState
+from sluice.rpc.errors import ServiceError
+
+
+def _model_body(model) -> dict:
+    return {"id": model.id, "object": "model", "created": int(model.created_unix_s), "owned_by": "sluice"}
+
+
+async def list_models(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    try:
+        authenticate(request, state.authenticator)
+        catalog = await state.router.list_models()
+    except ServiceError as error:
+        return from_service_error(error).response()
+    except ApiError as error:
+        return error.response()
+    return JSONResponse({"object": "list", "data": [_model_body(m) for m in catalog.models]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    name = request.path_params["model"]
+    try:
+        authenticate(request, state.authenticator)
+        catalog = await state.router.list_models()
+    except ServiceError as error:
+        return from_service_error(error).response()
+    except ApiError as error:
+        return error.response()
+    for model in catalog.models:
+        if model.id == name:
+            return JSONResponse(_model_body(model))
+    return ApiError(404, f"The model `{name}` does not exist.", "model_not_found", param="model").response()

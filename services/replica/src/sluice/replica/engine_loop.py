@@ -1,0 +1,158 @@
+"""The model thread: schedule, run, postprocess, forever.
+
+Only this thread touches the engine core and the model runner. Other
+threads talk to it through a command queue (submit, cancel) and read an
+immutable `EngineSnapshot` that the thread republishes after every step.
+Each request's outputs go to the sink its submitter gave (a callable that
+must be thread-safe, e.g. loop.call_soon_threadsafe into an asyncio queue).
+"""
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sluice.engine.plan import RequestOutput
+from sluice.engine.request import EngineRequest
+from sluice.engine.scheduler import IterationScheduler
+from sluice.replica.executor import StepExecutor
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[RequestOutput | BaseException], None]
+
+# Smoothing of the step-time average reported to the scheduler: ~the last
+# 20 steps, so one slow prefill does not look like a slow replica.
+STEP_TIME_EWMA_WEIGHT = 0.05
+IDLE_WAIT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    total_kv_blocks: int
+    free_kv_blocks: int
+    block_size_tokens: int
+    num_running: int
+    num_waiting: int
+    step_time_s: float
+    steps_total: int
+    generated_tokens_total: int
+    preemptions_total: int
+    last_step_at_s: float
+
+
+class EngineLoop:
+    def __init__(self, core: IterationScheduler, executor: StepExecutor, clock: Callable[[], float] = time.monotonic):
+        self._core = core
+        self._executor = executor
+        self._clock = clock
+        self._commands: deque[Callable[[], None]] = deque()
+        self._wake = threading.Condition()
+        self._sinks: dict[str, Sink] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._step_time_s = 0.0
+        self._steps_total = 0
+        self._generated_tokens_total = 0
+        self.snapshot = self._take_snapshot(clock())
+
+    # -- any thread ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout_s)
+
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        self._command(lambda: self._add(request, sink))
+
+    def cancel(self, request_id: str) -> None:
+        self._command(lambda: self._cancel(request_id))
+
+    def _command(self, command: Callable[[], None]) -> None:
+        with self._wake:
+            self._commands.append(command)
+            self._wake.notify()
+
+    # -- the model thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._commands and not self._core.has_work():
+                    self._wake.wait(IDLE_WAIT_S)
+                if self._stopping:
+                    return
+                commands = list(self._commands)
+                self._commands.clear()
+            for command in commands:
+                command()
+            if self._core.has_work():
+                self._step()
+            self.snapshot = self._take_snapshot(self._clock())
+
+    def _add(self, request: EngineRequest, sink: Sink) -> None:
+        try:
+            self._core.add(request)
+        except ValueError as error:
+            sink(error)
+            return
+        self._sinks[request.request_id] = sink
+
+    def _cancel(self, request_id: str) -> None:
+        if self._core.cancel(request_id):
+            self._executor.forget(request_id)
+        self._sinks.pop(request_id, None)
+
+    def _step(self) -> None:
+        started_s = self._clock()
+        plan = self._core.schedule(started_s)
+        if plan.is_empty:
+            # Waiting work that cannot get blocks yet; running work will free some.
+            with self._wake:
+                self._wake.wait(0.01)
+            return
+        try:
+            sampled = self._executor.execute(plan)
+        except Exception as error:  # a failed step fails its requests, not the replica
+            log.exception("engine step failed; failing %d requests", len(plan.chunks))
+            for chunk in plan.chunks:
+                self._core.cancel(chunk.request_id)
+                self._executor.forget(chunk.request_id)
+                sink = self._sinks.pop(chunk.request_id, None)
+                if sink is not None:
+                    sink(error)
+            return
+        outputs = self._core.update(plan, sampled)
+        elapsed_s = self._clock() - started_s
+        self._step_time_s += STEP_TIME_EWMA_WEIGHT * (elapsed_s - self._step_time_s)
+        self._steps_total += 1
+        for output in outputs:
+            self._generated_tokens_total += len(output.new_token_ids)
+            sink = self._sinks.get(output.request_id)
+            if output.finished:
+                self._sinks.pop(output.request_id, None)
+                self._executor.forget(output.request_id)
+            if sink is not None:
+                sink(output)
+
+    def _take_snapshot(self, now_s: float) -> EngineSnapshot:
+        blocks = self._core.blocks
+        return EngineSnapshot(
+            total_kv_blocks=blocks.num_blocks,
+            free_kv_blocks=blocks.num_free_blocks,
+            block_size_tokens=blocks.block_size_tokens,
+            num_running=self._core.num_running,
+            num_waiting=self._core.num_waiting,
+            step_time_s=self._step_time_s,
+            steps_total=self._steps_total,
+            generated_tokens_total=self._generated_tokens_total,
+            preemptions_total=self._core.num_preemptions_total,
+            last_step_at_s=now_s,
+        )

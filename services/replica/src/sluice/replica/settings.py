@@ -1,0 +1,22 @@
+from pydantic import Field
+
+from sluice.config import SluiceSettings
+
+
+class ReplicaSettings(SluiceSettings):
+    replica_address: str = Field("127.0.0.1:50061", description="host:port this replica's gRPC server binds")
+    replica_id: str = Field("replica-0", description="stable name in metrics and placements")
+    device: str = Field("cpu", description="torch device: cpu or cuda[:N]")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="weights and KV dtype")
+    # KV capacity. Blocks win over bytes; with neither on CUDA, a fraction of
+    # free device memory after the weights are loaded is used.
+    kv_cache_blocks: int = Field(0, ge=0, description="KV blocks; 0 = derive from bytes")
+    kv_cache_bytes: int = Field(512 * 1024 * 1024, ge=0, description="KV bytes (CPU default 512 MiB)")
+    gpu_memory_fraction: float = Field(0.9, gt=0, le=1, description="share of free CUDA memory for KV")
+    block_size_tokens: int = Field(16, ge=1, description="tokens per KV block")
+    max_num_batched_tokens: int = Field(512, ge=1, description="token budget per engine step")
+    max_num_seqs: int = Field(128, ge=1, description="sequences resident at once")
+    state_interval_s: float = Field(0.25, gt=0, description="how often WatchState reports")
+    canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
+    canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")

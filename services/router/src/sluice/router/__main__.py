@@ -1,0 +1,63 @@
+"""python -m sluice.router"""
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from prometheus_client import start_http_server
+
+from sluice.config import configure_logging
+from sluice.router.catalog import load_catalog, single_model_catalog
+from sluice.router.metrics import RouterMetrics
+from sluice.router.models import ModelRegistry
+from sluice.router.placement_client import PlacementClient
+from sluice.router.relay import Relay
+from sluice.router.replica_channels import ReplicaChannels
+from sluice.router.servicer import RouterServicer
+from sluice.router.settings import RouterSettings
+from sluice.rpc.server import HealthServer, wait_for_stop_signal
+from sluice.v1 import router_pb2, router_pb2_grpc
+
+log = logging.getLogger("sluice.router")
+
+
+def build_registry(settings: RouterSettings) -> ModelRegistry:
+    if settings.models_file:
+        catalog = load_catalog(Path(settings.models_file))
+    else:
+        catalog = single_model_catalog(settings.model_name, settings.model_version, Path(settings.model_dir))
+    return ModelRegistry(catalog, created_unix_s=time.time())
+
+
+async def serve(settings: RouterSettings) -> None:
+    metrics = RouterMetrics.create()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
+    models = build_registry(settings)
+    placement = PlacementClient(settings.scheduler_address)
+    replicas = ReplicaChannels()
+    relay = Relay(models, placement, replicas, metrics, settings.placement_timeout_s)
+    servicer = RouterServicer(relay, models)
+    server = HealthServer(
+        [router_pb2.DESCRIPTOR.services_by_name["Router"].full_name],
+        lambda s: router_pb2_grpc.add_RouterServicer_to_server(servicer, s),
+    )
+    placement.start()
+    port = await server.start(settings.router_address)
+    log.info("router serving on port %d; models %s", port, sorted(models.aliases))
+    await wait_for_stop_signal()
+    log.info("stopping")
+    await server.stop(settings.shutdown_grace_s)
+    await placement.stop()
+    await replicas.close()
+
+
+def main() -> None:
+    settings = RouterSettings()
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Context-length arithmetic, decided before any replica work."""
+
+import grpc
+
+from sluice.rpc.errors import ServiceError
+
+
+def output_budget_tokens(prompt_tokens: int, requested_output_tokens: int, context_length_tokens: int) -> int:
+    """How many tokens the request may generate; `requested_output_tokens`
+    of 0 means as many as the context allows."""
+    if prompt_tokens >= context_length_tokens:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "context_length_exceeded",
+            f"The prompt is {prompt_tokens} tokens, but this model's context holds {context_length_tokens} "
+            "tokens in all (prompt and completion). Shorten the messages.",
+        )
+    room = context_length_tokens - prompt_tokens
+    if requested_output_tokens == 0:
+        return room
+    if requested_output_tokens > room:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "context_length_exceeded",
+            f"This model's context holds {context_length_tokens} tokens, but the request needs "
+            f"{prompt_tokens + requested_output_tokens} ({prompt_tokens} in the prompt, "
+            f"{requested_output_tokens} asked for the completion). Shorten the messages or lower max_tokens.",
+        )
+    return requested_output_tokens

@@ -1,0 +1,190 @@
+"""One Generate call, start to end.
+
+    resolve version -> tokenize (chat template) -> check context
+      -> place via scheduler -> Admitted
+      -> replica tokens -> incremental detokenize -> stop strings -> Delta*
+      -> Finished (or Error after the stream started)
+
+The replica call is cancelled whenever this generator stops early: a stop
+string matched, or the caller (gateway) cancelled us. Either way the
+scheduler gets the reservation back.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from sluice.router.limits import output_budget_tokens
+from sluice.router.metrics import RouterMetrics
+from sluice.router.models import LoadedVersion, ModelRegistry
+from sluice.router.placement_client import PlacementClient
+from sluice.router.replica_channels import ReplicaChannels
+from sluice.rpc.errors import ServiceError, from_rpc_error
+from sluice.tokenization.detokenizer import IncrementalDetokenizer
+from sluice.tokenization.stop_strings import StopStringMatcher
+from sluice.v1 import common_pb2, replica_pb2, router_pb2, scheduler_pb2
+
+log = logging.getLogger(__name__)
+
+FINISH_NAMES = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_CANCELLED: "cancelled",
+    common_pb2.FINISH_REASON_ERROR: "error",
+}
+
+
+def tokenize(version: LoadedVersion, request: router_pb2.GenerateRequest) -> list[int]:
+    tokenizer = version.tokenizer
+    if request.WhichOneof("input") == "chat":
+        messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        if not messages:
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "messages must not be empty")
+        try:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as error:  # the template rejected the conversation
+            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", str(error)) from error
+    if not request.prompt_text:
+        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "prompt must not be empty")
+    return tokenizer.encode(request.prompt_text, add_special_tokens=True)
+
+
+class Relay:
+    def __init__(
+        self,
+        models: ModelRegistry,
+        placement: PlacementClient,
+        replicas: ReplicaChannels,
+        metrics: RouterMetrics,
+        placement_timeout_s: float,
+    ) -> None:
+        self._models = models
+        self._placement = placement
+        self._replicas = replicas
+        self._metrics = metrics
+        self._placement_timeout_s = placement_timeout_s
+
+    async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
+        alias = request.model
+        try:
+            version = self._models.resolve(alias, request.request_id)
+            # Tokenizing a long prompt takes milliseconds: keep the loop free.
+            prompt_ids = await asyncio.to_thread(tokenize, version, request)
+            max_output = output_budget_tokens(
+                len(prompt_ids), request.max_output_tokens, version.context_length_tokens
+            )
+            dispatch = await self._placement.place(
+                scheduler_pb2.Enqueue(
+                    request_id=request.request_id,
+                    tenant=request.tenant,
+                    model_version=version.spec.version,
+                    service_class=request.service_class,
+                    prompt_tokens=len(prompt_ids),
+                    max_output_tokens=max_output,
+                    deadline_unix_s=request.deadline_unix_s,
+                ),
+                self._placement_timeout_s,
+            )
+        except ServiceError as error:
+            self._metrics.rejections_total.labels(error.info.reason).inc()
+            self._metrics.requests_total.labels(alias, "rejected").inc()
+            raise
+
+        self._metrics.streams_active.labels(alias).inc()
+        self._metrics.prompt_tokens_total.labels(alias).inc(len(prompt_ids))
+        outcome = "cancelled"  # unless we get to say otherwise
+        try:
+            yield router_pb2.GenerateEvent(
+                admitted=router_pb2.Admitted(
+                    model_version=version.spec.version, prompt_tokens=len(prompt_ids), replica_id=dispatch.replica_id
+                )
+            )
+            async for event in self._relay_tokens(request, version, prompt_ids, max_output, dispatch):
+                if event.WhichOneof("event") == "finished":
+                    outcome = FINISH_NAMES.get(event.finished.finish_reason, "error")
+                elif event.WhichOneof("event") == "error":
+                    outcome = "error"
+                yield event
+        finally:
+            self._placement.release(request.request_id)
+            self._metrics.streams_active.labels(alias).dec()
+            self._metrics.requests_total.labels(alias, outcome).inc()
+
+    async def _relay_tokens(
+        self,
+        request: router_pb2.GenerateRequest,
+        version: LoadedVersion,
+        prompt_ids: list[int],
+        max_output: int,
+        dispatch: scheduler_pb2.Dispatch,
+    ) -> AsyncIterator[router_pb2.GenerateEvent]:
+        alias = request.model
+        call = self._replicas.stub(dispatch.replica_address).Generate(
+            replica_pb2.TokenRequest(
+                request_id=request.request_id,
+                prompt_token_ids=prompt_ids,
+                sampling=request.sampling,
+                max_output_tokens=max_output,
+                service_class=request.service_class,
+                fairness_key=request.tenant,
+                lease=dispatch.lease,
+            )
+        )
+        detokenizer = IncrementalDetokenizer(version.tokenizer)
+        stops = StopStringMatcher(tuple(request.sampling.stop))
+        num_output_tokens = 0
+        started_s = time.monotonic()
+        try:
+            async for event in call:
+                if event.WhichOneof("event") == "tokens":
+                    token_ids = list(event.tokens.token_ids)
+                    num_output_tokens += len(token_ids)
+                    self._metrics.generation_tokens_total.labels(alias).inc(len(token_ids))
+                    match = stops.feed(detokenizer.push(token_ids))
+                    yield _delta(match.emit, token_ids)
+                    if match.stopped:
+                        call.cancel()  # frees the replica's KV at its next step
+                        yield _finished(common_pb2.FINISH_REASON_STOP, len(prompt_ids), 0, num_output_tokens)
+                        return
+                else:
+                    finished = event.finished
+                    match = stops.feed(detokenizer.flush())
+                    tail = match.emit if match.stopped else match.emit + stops.flush()
+                    if tail:
+                        yield _delta(tail, [])
+                    reason = common_pb2.FINISH_REASON_STOP if match.stopped else finished.finish_reason
+                    yield _finished(
+                        reason, len(prompt_ids), finished.usage.cached_prompt_tokens, finished.usage.output_tokens
+                    )
+                    return
+            yield _error("replica_stream_ended", "the replica ended the stream without finishing")
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.CANCELLED:
+                raise asyncio.CancelledError from error
+            failure = from_rpc_error(error)
+            log.warning(
+                "replica %s failed request %s after %.2fs: %s",
+                dispatch.replica_id, request.request_id, time.monotonic() - started_s, failure.info.message,
+            )
+            yield _error(failure.info.reason, f"the model replica failed: {failure.info.message}")
+        finally:
+            if not call.done():
+                call.cancel()
+
+
+def _delta(text: str, token_ids: list[int]) -> router_pb2.GenerateEvent:
+    return router_pb2.GenerateEvent(delta=router_pb2.Delta(text=text, token_ids=token_ids))
+
+
+def _finished(reason: int, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> router_pb2.GenerateEvent:
+    usage = common_pb2.Usage(
+        prompt_tokens=prompt_tokens, cached_prompt_tokens=cached_tokens, output_tokens=output_tokens
+    )
+    return router_pb2.GenerateEvent(finished=router_pb2.Finished(finish_reason=reason, usage=usage))
+
+
+def _error(code: str, message: str) -> router_pb2.GenerateEvent:
+    return router_pb2.GenerateEvent(error=router_pb2.Error(code=code, message=message))

@@ -1,0 +1,37 @@
+"""Router gRPC servicer: protobuf in, the relay does the work, protobuf out."""
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from sluice.router.models import ModelRegistry
+from sluice.router.relay import Relay
+from sluice.v1 import router_pb2, router_pb2_grpc
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(self, relay: Relay, models: ModelRegistry) -> None:
+        self._relay = relay
+        self._models = models
+
+    async def Generate(
+        self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.GenerateEvent]:
+        async for event in self._relay.generate(request):
+            yield event
+
+    async def ListModels(
+        self, request: router_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> router_pb2.ListModelsResponse:
+        models = []
+        for name in sorted(self._models.aliases):
+            versions = self._models.versions_of(name)
+            models.append(
+                router_pb2.ModelInfo(
+                    id=name,
+                    versions=[v.spec.version for v in versions],
+                    context_length_tokens=min(v.context_length_tokens for v in versions),
+                    created_unix_s=self._models.created_unix_s,
+                )
+            )
+        return router_pb2.ListModelsResponse(models=models)

@@ -1,0 +1,45 @@
+"""python -m sluice.scheduler"""
+
+import asyncio
+import logging
+
+from prometheus_client import start_http_server
+
+from sluice.config import configure_logging
+from sluice.rpc.server import HealthServer, wait_for_stop_signal
+from sluice.scheduler.metrics import SchedulerMetrics
+from sluice.scheduler.replica_watch import ReplicaWatcher
+from sluice.scheduler.servicer import SchedulerServicer
+from sluice.scheduler.settings import SchedulerSettings
+from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger("sluice.scheduler")
+
+
+async def serve(settings: SchedulerSettings) -> None:
+    metrics = SchedulerMetrics.create()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
+    watcher = ReplicaWatcher(settings.replica_address_list())
+    servicer = SchedulerServicer(watcher, metrics)
+    server = HealthServer(
+        [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name],
+        lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, s),
+    )
+    watcher.start()
+    port = await server.start(settings.scheduler_address)
+    log.info("scheduler serving on port %d, watching %s", port, settings.replica_address_list())
+    await wait_for_stop_signal()
+    log.info("stopping")
+    await server.stop(settings.shutdown_grace_s)
+    await watcher.stop()
+
+
+def main() -> None:
+    settings = SchedulerSettings()
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()
