@@ -96,7 +96,7 @@ class LocalStack:
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
-                self._check_alive()
+                self.check_alive()
                 if self._ready(client):
                     return
                 time.sleep(0.2)
@@ -112,7 +112,8 @@ class LocalStack:
             return False
         return scheduler_placed and "sluice_replica_ready{" in replica and _metric(replica, "sluice_replica_ready") == 1
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise RuntimeError with the log tail if a service has exited."""
         for service, process in self.processes.items():
             if process.poll() is not None:
                 tail = (self.log_dir / f"{service}.log").read_text(errors="replace")[-3000:]

@@ -13,6 +13,8 @@ SERVICE_TIERS = {
 
 # OpenAI's defaults when a field is omitted.
 DEFAULT_TEMPERATURE = 1.0
+# OpenAI's newer name for the system role; chat templates know "system".
+ROLE_ALIASES = {"developer": "system"}
 DEFAULT_TOP_P = 1.0
 
 
@@ -43,7 +45,7 @@ def generate_request(
     )
     if isinstance(body, ChatCompletionRequest):
         request.chat.messages.extend(
-            router_pb2.ChatMessage(role=m.role, content=m.text(), name=m.name or "") for m in body.messages
+            router_pb2.ChatMessage(role=ROLE_ALIASES.get(m.role, m.role), content=m.text(), name=m.name or "") for m in body.messages
         )
     else:
         request.prompt_text = body.prompt

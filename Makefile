@@ -1,0 +1,57 @@
+# Sluice developer entry points. Everything installs into .venv from this
+# repository's own files; nothing is assumed to be on the machine but
+# python3 (3.11+) and, for the ledger tests, Postgres and Redis on localhost.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check
+MODEL_DIR := .sluice/models/tiny-llama
+
+# Every distribution in the repo, installed editable into one dev venv.
+# (Each one is installable on its own with only its own dependencies.)
+PACKAGES := libs/rpc libs/config libs/tokenization libs/engine libs/placement \
+            libs/kernels libs/model libs/tinymodel libs/devstack \
+            services/gateway services/router services/scheduler services/replica
+PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
+
+.PHONY: install model run test test-unit protos check-protos bench clean
+
+$(VENV)/.installed: $(PYPROJECTS) requirements-dev.txt constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U "pip>=24" "setuptools>=68" wheel
+	# The CPU build; an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -c constraints.txt --no-build-isolation \
+		$(addprefix -e ,$(PACKAGES)) -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed
+
+$(MODEL_DIR)/config.json: | $(VENV)/.installed
+	$(PY) -m sluice.tinymodel $(MODEL_DIR)
+
+model: $(MODEL_DIR)/config.json
+
+run: install model
+	$(PY) -m sluice.devstack --model-dir $(MODEL_DIR)
+
+test: install model
+	$(PY) scripts/gen_protos.py --check
+	$(PY) -m pytest
+
+test-unit: install model
+	$(PY) -m pytest tests/unit
+
+protos: install
+	$(PY) scripts/gen_protos.py
+
+check-protos: install
+	$(PY) scripts/gen_protos.py --check
+
+bench: install model
+	$(PY) -m pytest --co -q bench >/dev/null 2>&1 || true
+	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) .sluice .pytest_cache .hypothesis

@@ -1,0 +1,75 @@
+"""Attention metadata for a flattened step, and the pluggable attention backend.
+
+The runner fills one ``AttentionMetadata`` per step; every layer reads it.
+A backend writes this step's K/V into the layer's paged cache and attends
+over it; the default is the torch reference from ``sluice.kernels``, and a
+Triton backend can be passed to ``LlamaModel`` on CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sluice.kernels import paged_attention, write_kv
+from sluice.model.kv_cache import KVCache
+
+
+@dataclass(slots=True, frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens live in the paged cache.
+
+    slot_mapping:    [num_tokens] int64, cache slot of each token (-1 = padding)
+    block_tables:    [num_seqs, max_blocks_per_seq] int32 (rows padded with 0)
+    seq_lens:        [num_seqs] int32, context length including this step
+    query_start_loc: [num_seqs + 1] int32, cumulative query counts from 0
+    max_query_len, max_seq_len: host ints, so kernels can size their launch
+    grid without a device-to-host sync.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+class AttentionBackend(Protocol):
+    def __call__(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: KVCache,
+        attn: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+def reference_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: KVCache,
+    attn: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Torch reference backend: write K/V, then paged attention over the cache."""
+    write_kv(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
+    return paged_attention(
+        query,
+        kv_cache.key_cache,
+        kv_cache.value_cache,
+        attn.block_tables,
+        attn.seq_lens,
+        attn.query_start_loc,
+        scale,
+    )

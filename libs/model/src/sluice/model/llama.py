@@ -1,0 +1,157 @@
+"""Llama-family decoder over a paged KV cache, plain PyTorch.
+
+The forward pass takes a flattened batch: the tokens of every sequence in
+this step concatenated into one ``[T]`` vector, with positions and
+``AttentionMetadata`` saying where each sequence starts and where its K/V
+goes. Submodule names follow Hugging Face's (minus the ``model.`` prefix) so
+the loader can map checkpoint tensors one-to-one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sluice.model.attention import AttentionBackend, AttentionMetadata, reference_attention
+from sluice.model.config import LlamaConfig
+from sluice.model.kv_cache import KVCache
+from sluice.model.rope import RotaryEmbedding, apply_rotary
+
+__all__ = ["AttentionMetadata", "LlamaModel", "RMSNorm"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 (bf16 variance underflows), scale in the input dtype,
+        # the same order of operations as the HF reference.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        self.backend = backend
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, head_dim]
+        sin: torch.Tensor,  # [T, head_dim]
+        attn: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)
+        # q: [T, num_heads, head_dim]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
+        # k, v: [T, num_kv_heads, head_dim]
+        q, k = apply_rotary(q, k, cos, sin)
+        out = self.backend(q, k, v, kv_cache, attn, self.scale)  # [T, num_heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+        # o_proj input: [T, num_heads * head_dim]
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, kv_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    """Decoder stack plus LM head.
+
+    ``attention_backend`` is any callable with the ``AttentionBackend``
+    signature; it is shared by all layers and defaults to the torch reference.
+    """
+
+    def __init__(
+        self, config: LlamaConfig, attention_backend: AttentionBackend | None = None
+    ) -> None:
+        super().__init__()
+        self.config = config
+        backend = attention_backend or reference_attention
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, backend) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head when configured. Call again after
+        ``to_empty``: moving off the meta device replaces Parameters one module
+        at a time, which silently unties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def set_attention_backend(self, backend: AttentionBackend) -> None:
+        for layer in self.layers:
+            layer.self_attn.backend = backend
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        attn: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden]; writes this step's K/V."""
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"need {len(self.layers)} KV caches, got {len(kv_caches)}")
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary_emb(positions, h.dtype)  # each [T, head_dim]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = layer(h, cos, sin, attn, kv_cache)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> float32 logits [N, vocab]. Pass only the rows you sample."""
+        return self.lm_head(hidden).float()

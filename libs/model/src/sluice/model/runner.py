@@ -1,0 +1,195 @@
+"""Runs one engine step on the model: flatten, forward, logits, sample.
+
+The engine (block manager + iteration scheduler, elsewhere) decides what
+runs; it hands the runner a ``ModelInput`` per step::
+
+    seq A: prefill chunk  token_ids=[t4..t7]  start_position=4  sample=None
+    seq B: decode         token_ids=[t12]     start_position=12 sample=SampleRequest(...)
+    seq C: last chunk     token_ids=[t8..t9]  start_position=8  sample=SampleRequest(...)
+
+    flattened input_ids: [ t4 t5 t6 t7 | t12 | t8 t9 ]
+    positions:           [  4  5  6  7 |  12 |  8  9 ]
+    query_start_loc:     [ 0,           4,    5,     7 ]
+    seq_lens:            [ 8,           13,   10 ]
+    logits rows:         hidden[4] (B's last token), hidden[6] (C's last token)
+
+The runner owns the model and the KV cache tensors; it writes only the
+slots the block tables name, and trusts the engine that those are the
+sequence's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from sluice.model.attention import AttentionBackend, AttentionMetadata
+from sluice.model.kv_cache import KVCache, allocate_kv_caches
+from sluice.model.llama import LlamaModel
+from sluice.model.loader import load_llama
+from sluice.model.sampler import SampleRequest, Sampler
+
+
+@dataclass(slots=True, frozen=True)
+class SequenceInput:
+    """One sequence's work this step.
+
+    token_ids: the tokens to run now (a prefill chunk, or the one decode token).
+    start_position: position of token_ids[0] = tokens of this sequence already cached.
+    block_table: cache block ids covering positions [0, start_position + len(token_ids)).
+    sample: set when this step must produce the next token (last prefill chunk,
+        or decode); None for an intermediate prefill chunk.
+    """
+
+    token_ids: Sequence[int]
+    start_position: int
+    block_table: Sequence[int]
+    sample: SampleRequest | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInput:
+    sequences: tuple[SequenceInput, ...]
+    # Return the float32 logits of the sampled rows too (tests, logprobs later).
+    return_logits: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class ModelOutput:
+    """sampled_token_ids: aligned with ModelInput.sequences, None where no sample.
+    logits: [num_sampled, vocab] float32 in sequence order, when requested."""
+
+    sampled_token_ids: tuple[int | None, ...]
+    logits: torch.Tensor | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class PreparedStep:
+    """The flattened tensors of one step, on the model's device."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    attn: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampled] int64, rows of hidden to sample from
+    sample_seq_indices: tuple[int, ...]  # which sequences those rows belong to
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: list[KVCache],
+        *,
+        sampler: Sampler | None = None,
+    ) -> None:
+        if not kv_caches or len(kv_caches) != len(model.layers):
+            raise ValueError(f"need {len(model.layers)} KV caches, got {len(kv_caches)}")
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sampler = sampler or Sampler(model.config.eos_token_ids)
+        self.device = kv_caches[0].key_cache.device
+        self.block_size = kv_caches[0].block_size
+        self.num_blocks = kv_caches[0].num_blocks
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: Path,
+        *,
+        num_blocks: int,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        attention_backend: AttentionBackend | None = None,
+    ) -> "ModelRunner":
+        model = load_llama(model_dir, dtype=dtype, device=device, attention_backend=attention_backend)
+        caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype, device)
+        return cls(model, caches)
+
+    def execute(self, batch: ModelInput) -> ModelOutput:
+        if not batch.sequences:
+            return ModelOutput(sampled_token_ids=(), logits=None)
+        step = self.prepare(batch)
+        with torch.inference_mode():
+            hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_caches)
+            # hidden: [T, hidden_size]
+            sampled: list[int | None] = [None] * len(batch.sequences)
+            if not step.sample_seq_indices:
+                return ModelOutput(tuple(sampled), None)
+            logits = self.model.compute_logits(hidden[step.logits_indices])
+            # logits: [num_sampled, vocab]
+            requests = [batch.sequences[i].sample for i in step.sample_seq_indices]
+            tokens = self.sampler.sample(logits, requests)  # type: ignore[arg-type]
+        for seq_index, token in zip(step.sample_seq_indices, tokens):
+            sampled[seq_index] = token
+        return ModelOutput(tuple(sampled), logits if batch.return_logits else None)
+
+    def prepare(self, batch: ModelInput) -> PreparedStep:
+        """Flatten the batch into tensors. Loops per sequence, never per token."""
+        seqs = batch.sequences
+        self._validate(seqs)
+        bs = self.block_size
+        q_lens = torch.tensor([len(s.token_ids) for s in seqs], dtype=torch.int64)  # [S]
+        starts = torch.tensor([s.start_position for s in seqs], dtype=torch.int64)  # [S]
+        query_start_loc = torch.zeros(len(seqs) + 1, dtype=torch.int64)  # [S + 1]
+        torch.cumsum(q_lens, dim=0, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        seq_lens = starts + q_lens  # [S]
+
+        max_blocks = max(len(s.block_table) for s in seqs)
+        block_tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)  # [S, max_blocks]
+        for i, s in enumerate(seqs):
+            block_tables[i, : len(s.block_table)] = torch.as_tensor(s.block_table, dtype=torch.int32)
+
+        input_ids = torch.tensor(list(chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.int64)
+        seq_of_token = torch.repeat_interleave(torch.arange(len(seqs)), q_lens)  # [T]
+        offset_in_seq = torch.arange(num_tokens) - query_start_loc[:-1][seq_of_token]  # [T]
+        positions = starts[seq_of_token] + offset_in_seq  # [T]
+        block_of_token = block_tables[seq_of_token, positions // bs].long()  # [T]
+        slot_mapping = block_of_token * bs + positions % bs  # [T]
+
+        sample_seq_indices = tuple(i for i, s in enumerate(seqs) if s.sample is not None)
+        logits_indices = query_start_loc[1:][list(sample_seq_indices)] - 1  # [num_sampled]
+
+        dev = self.device
+        attn = AttentionMetadata(
+            slot_mapping=slot_mapping.to(dev),
+            block_tables=block_tables.to(dev),
+            seq_lens=seq_lens.to(dev, torch.int32),
+            query_start_loc=query_start_loc.to(dev, torch.int32),
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(seq_lens.max()),
+        )
+        return PreparedStep(
+            input_ids=input_ids.to(dev),
+            positions=positions.to(dev),
+            attn=attn,
+            logits_indices=logits_indices.to(dev),
+            sample_seq_indices=sample_seq_indices,
+        )
+
+    def _validate(self, seqs: Sequence[SequenceInput]) -> None:
+        max_pos = self.model.config.max_position_embeddings
+        vocab = self.model.config.vocab_size
+        for i, s in enumerate(seqs):
+            n = len(s.token_ids)
+            end = s.start_position + n
+            if n == 0 or s.start_position < 0:
+                raise ValueError(f"sequence {i}: empty token_ids or negative start_position")
+            if end > max_pos:
+                raise ValueError(
+                    f"sequence {i}: position {end - 1} beyond max_position_embeddings {max_pos}"
+                )
+            if len(s.block_table) * self.block_size < end:
+                raise ValueError(
+                    f"sequence {i}: {len(s.block_table)} blocks of {self.block_size} "
+                    f"cannot hold {end} tokens"
+                )
+            if s.block_table and not 0 <= min(s.block_table) <= max(s.block_table) < self.num_blocks:
+                raise ValueError(f"sequence {i}: block id outside [0, {self.num_blocks})")
+            if min(s.token_ids) < 0 or max(s.token_ids) >= vocab:
+                raise ValueError(f"sequence {i}: token id outside [0, {vocab})")

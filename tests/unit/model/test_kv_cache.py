@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+import torch
+
+from sluice.model import LlamaConfig, allocate_kv_caches, kv_bytes_per_token
+
+
+def test_kv_bytes_per_token_llama3_70b():
+    config = LlamaConfig(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=131072,
+    )
+    assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert kv_bytes_per_token(config, torch.float32) == 655_360
+
+
+def test_allocate_one_cache_per_layer(make_config):
+    config = make_config()
+    caches = allocate_kv_caches(config, num_blocks=5, block_size=16, dtype=torch.float16, device="cpu")
+    assert len(caches) == config.num_hidden_layers
+    for c in caches:
+        assert c.key_cache.shape == c.value_cache.shape == (5, 16, 2, 16)
+        assert c.key_cache.dtype == torch.float16
+        assert c.key_cache.data_ptr() != c.value_cache.data_ptr()
+        assert c.num_blocks == 5 and c.block_size == 16
