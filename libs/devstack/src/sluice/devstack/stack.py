@@ -106,11 +106,11 @@ class LocalStack:
         try:
             if client.get(self.gateway_url + "/readyz").status_code != 200:
                 return False
-            replica = client.get(self.metrics_url("replica")).text
-            scheduler_placed = client.get(self.metrics_url("router")).status_code == 200
+            scheduler = client.get(self.metrics_url("scheduler")).text
         except httpx.HTTPError:
             return False
-        return scheduler_placed and "sluice_replica_ready{" in replica and _metric(replica, "sluice_replica_ready") == 1
+        # The scheduler sees every replica ready (their canaries passed).
+        return _metric(scheduler, "sluice_scheduler_replicas_ready") == 1
 
     def check_alive(self) -> None:
         """Raise RuntimeError with the log tail if a service has exited."""

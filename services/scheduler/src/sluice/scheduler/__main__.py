@@ -21,6 +21,7 @@ async def serve(settings: SchedulerSettings) -> None:
     if settings.metrics_port:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
     watcher = ReplicaWatcher(settings.replica_address_list())
+    metrics.replicas_ready.set_function(lambda: sum(view.ready for view in watcher.views()))
     servicer = SchedulerServicer(watcher, metrics)
     server = HealthServer(
         [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name],

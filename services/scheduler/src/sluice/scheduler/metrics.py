@@ -11,6 +11,7 @@ class SchedulerMetrics:
     reservations_active: Gauge
     reserved_kv_blocks: Gauge
     router_streams_active: Gauge
+    replicas_ready: Gauge
 
     @classmethod
     def create(cls) -> "SchedulerMetrics":
@@ -31,5 +32,8 @@ class SchedulerMetrics:
             ),
             router_streams_active=Gauge(
                 "sluice_scheduler_router_streams", "Open Place streams from routers", registry=registry
+            ),
+            replicas_ready=Gauge(
+                "sluice_scheduler_replicas_ready", "Replicas whose state stream says ready", registry=registry
             ),
         )

@@ -1,0 +1,57 @@
+"""One real stack (four processes on loopback ports) shared by the
+integration tests, plus helpers to read its Prometheus metrics."""
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sluice.devstack.stack import LocalStack, StackPorts
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    log_dir = tmp_path_factory.mktemp("stack-logs")
+    local = LocalStack(
+        model_dir=tiny_model_dir,
+        log_dir=log_dir,
+        ports=StackPorts.ephemeral(),
+        extra_env={"SLUICE_CANARY_INTERVAL_S": "1", "SLUICE_LOG_LEVEL": "INFO"},
+    )
+    local.start()
+    try:
+        local.wait_ready(timeout_s=180)
+    except BaseException:
+        local.stop()
+        raise
+    yield local
+    local.stop()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page, keyed by (name, sorted labels)."""
+    text = httpx.get(url, timeout=5.0).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric(samples: dict, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    return sum(
+        value for (sample_name, sample_labels), value in samples.items()
+        if sample_name == name and set(labels.items()) <= set(sample_labels)
+    )
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 15.0, interval_s: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval_s)
