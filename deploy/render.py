@@ -46,8 +46,8 @@ def render_documents(
     """(template path, manifest) for every non-empty rendered document, in a
     stable order: by template path, then by position in the template."""
     with helm.Chart.load(CHART_DIR) as chart:
-        # Same schema check `helm install` does before rendering.
-        chart.validate_schema(values)
+        # render() checks the values against values.schema.json first, as
+        # `helm install` does, and raises HelmValuesError when they break it.
         rendered = chart.render(values, name=release, namespace=namespace, is_install=True)
     documents = []
     for template in sorted(rendered):

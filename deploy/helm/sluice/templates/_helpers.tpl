@@ -201,8 +201,21 @@ modelVersions entry. Returns YAML {versions: [...]}; read it back with fromYaml.
 */}}
 {{- define "sluice.modelVersions" -}}
 {{- $versions := list }}
+{{- $seen := dict }}
+{{- $aliasWeights := dict }}
 {{- range .Values.modelVersions }}
+{{- $slug := include "sluice.versionSlug" (dict "version" .) }}
+{{- if hasKey $seen $slug }}
+{{- fail (printf "modelVersions: %q and %q map to the same object names (%s); give one a `name`" (get $seen $slug) .version $slug) }}
+{{- end }}
+{{- $_ := set $seen $slug .version }}
+{{- $_ := set $aliasWeights .alias (add (get $aliasWeights .alias | default 0) (int .weight)) }}
 {{- $versions = append $versions (mergeOverwrite (deepCopy $.Values.replicaDefaults) (deepCopy .)) }}
+{{- end }}
+{{- range $alias, $total := $aliasWeights }}
+{{- if eq (int $total) 0 }}
+{{- fail (printf "modelVersions: every version of alias %q has weight 0" $alias) }}
+{{- end }}
 {{- end }}
 {{- toYaml (dict "versions" $versions) }}
 {{- end }}

@@ -1,14 +1,30 @@
-"""Paged KV bookkeeping: fixed-size blocks, one block table per sequence.
+"""Paged KV bookkeeping with a prefix cache.
 
     block_size = 4, sequence of 10 tokens:
     tokens  [t0 t1 t2 t3][t4 t5 t6 t7][t8 t9 __ __]
     table   [   17      ][    3      ][    42     ]   -> slots 17*4+0 .. 42*4+1
 
-Free blocks are reused last-freed-first (their memory is warm). The prefix
-cache (hashes of full blocks, ref counts, LRU eviction) extends this class.
+Each block has a reference count (how many tables hold it) and, once its
+tokens are full and computed, a `BlockHash` under which the prefix cache
+finds it. A free block is in one of two pools:
+
+    free uncached  LIFO stack: reused first, last freed first (warm memory)
+    free cached    LRU: ref count 0 but still a valid cached prefix; evicted
+                   oldest first, only when no uncached block is left
+
+so "free" = uncached + cached-free, and free + used == num_blocks always.
+
+Who writes what: only `BlockManager` writes its tables, counts and pools;
+the scheduler decides when (allocate on schedule, cache_full_blocks after
+update confirmed the tokens were computed, free on finish/preempt/cancel).
 """
 
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
+
+from sluice.engine.block_hash import BlockHash
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,42 +34,164 @@ class KVBlocks:
     block_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class CachedPrefix:
+    """The longest run of cached blocks matching a new sequence's leading
+    full blocks; `lookup_prefix` finds it, `allocate` takes it over."""
+
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[BlockHash, ...]
+    num_tokens: int          # tokens the hit covers: its K/V need not be computed
+    num_queried_tokens: int  # tokens of the sequence when it was looked up
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPoolState:
+    """A snapshot of the pool for invariant checks (tests, debugging)."""
+
+    ref_counts: tuple[int, ...]
+    cached_block_ids: frozenset[int]    # blocks registered under a hash
+    free_uncached: tuple[int, ...]      # next reused last
+    free_cached_lru: tuple[int, ...]    # next evicted first
+    tables: Mapping[str, tuple[int, ...]]
+
+
+class _Block:
+    __slots__ = ("block_id", "ref_count", "block_hash")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: BlockHash | None = None
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size_tokens: int) -> None:
+    def __init__(self, num_blocks: int, block_size_tokens: int = 16) -> None:
         if num_blocks < 1 or block_size_tokens < 1:
             raise ValueError("num_blocks and block_size_tokens must be >= 1")
         self.num_blocks = num_blocks
         self.block_size_tokens = block_size_tokens
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() takes block 0 first
+        self._blocks = [_Block(i) for i in range(num_blocks)]
+        self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() takes block 0 first
+        self._free_cached: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._cached: dict[BlockHash, int] = {}
         self._tables: dict[str, list[int]] = {}
+        # Leading blocks of each table that are registered in (or were hit in)
+        # the cache, so cache_full_blocks only hashes what is new.
+        self._num_cached_blocks: dict[str, int] = {}
+        # Prefix cache effectiveness, in tokens, counted once per allocation
+        # that starts a table (admission or re-admission after preemption).
+        self.prefix_cache_queried_tokens_total = 0
+        self.prefix_cache_hit_tokens_total = 0
+
+    # -- sizes ---------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: uncached plus evictable cached ones."""
+        return len(self._free_uncached) + len(self._free_cached)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return len(self._free_cached)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size_tokens)
 
-    def _missing_blocks(self, seq_id: str, num_tokens: int) -> int:
-        return max(self.blocks_for(num_tokens) - len(self._tables.get(seq_id, ())), 0)
+    # -- prefix cache --------------------------------------------------------
 
-    def can_allocate(self, seq_id: str, num_tokens: int) -> bool:
-        """Whether the sequence's table can grow to hold `num_tokens` in total."""
-        return self._missing_blocks(seq_id, num_tokens) <= len(self._free)
+    def lookup_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> CachedPrefix:
+        """The cached prefix of a sequence of `num_tokens` whose full blocks
+        hash to `block_hashes`. Changes nothing. At least one token is always
+        left out of the hit: the step that computes it yields the logits to
+        sample from."""
+        max_hit_blocks = max(num_tokens - 1, 0) // self.block_size_tokens
+        block_ids: list[int] = []
+        for block_hash in block_hashes[:max_hit_blocks]:
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break  # the chain is broken: later blocks cannot match either
+            block_ids.append(block_id)
+        return CachedPrefix(
+            block_ids=tuple(block_ids),
+            block_hashes=tuple(block_hashes[: len(block_ids)]),
+            num_tokens=len(block_ids) * self.block_size_tokens,
+            num_queried_tokens=num_tokens,
+        )
 
-    def allocate(self, seq_id: str, num_tokens: int) -> KVBlocks | None:
-        """Grow the table to hold `num_tokens`; None (and no change) if it cannot."""
-        missing = self._missing_blocks(seq_id, num_tokens)
-        if missing > len(self._free):
+    def cache_full_blocks(self, seq_id: str, block_hashes: Sequence[BlockHash], num_computed_tokens: int) -> None:
+        """Register the sequence's blocks that are full and computed.
+
+        Call only once the step that wrote them has run (the scheduler does
+        it in update): a block registered earlier could be hit by another
+        sequence and read before its K/V exist.
+        """
+        table = self._tables.get(seq_id)
+        if table is None:
+            return
+        done = self._num_cached_blocks.get(seq_id, 0)
+        full = min(num_computed_tokens // self.block_size_tokens, len(block_hashes), len(table))
+        for index in range(done, full):
+            block_hash, block = block_hashes[index], self._blocks[table[index]]
+            if block.block_hash is None and block_hash not in self._cached:
+                block.block_hash = block_hash
+                self._cached[block_hash] = block.block_id
+            # Otherwise an identical block is already cached (two sequences
+            # computed the same prefix in the same steps); this copy stays
+            # private and goes back to the uncached pool when freed.
+        self._num_cached_blocks[seq_id] = max(done, full)
+
+    # -- check-then-act ------------------------------------------------------
+
+    def can_allocate(self, seq_id: str, num_tokens: int, prefix: CachedPrefix | None = None) -> bool:
+        """Whether the sequence's table can grow to hold `num_tokens` in total
+        (starting from `prefix` when the sequence has no table yet)."""
+        return self._blocks_needed(seq_id, num_tokens, prefix) <= self.num_free_blocks
+
+    def allocate(self, seq_id: str, num_tokens: int, prefix: CachedPrefix | None = None) -> KVBlocks | None:
+        """Grow the table to hold `num_tokens`; None (and no change) if it cannot.
+
+        With `prefix` (only for a sequence without a table) the table starts
+        with the prefix's cached blocks, shared with whoever else holds them.
+        """
+        if self._blocks_needed(seq_id, num_tokens, prefix) > self.num_free_blocks:
             return None
         table = self._tables.setdefault(seq_id, [])
-        for _ in range(missing):
-            table.append(self._free.pop())
+        if prefix is not None:
+            # Take the hit blocks before drawing new ones, so that drawing
+            # cannot evict them.
+            for block_id in prefix.block_ids:
+                self._acquire(self._blocks[block_id])
+                table.append(block_id)
+            self._num_cached_blocks[seq_id] = len(prefix.block_ids)
+            self.prefix_cache_queried_tokens_total += prefix.num_queried_tokens
+            self.prefix_cache_hit_tokens_total += prefix.num_tokens
+        for _ in range(self.blocks_for(num_tokens) - len(table)):
+            table.append(self._take_free_block())
         return KVBlocks(tuple(table))
 
     def free(self, seq_id: str) -> None:
-        # Reverse so the sequence's first block is the next one reused.
-        self._free.extend(reversed(self._tables.pop(seq_id, [])))
+        """Drop the sequence's table. Unknown ids are ignored."""
+        table = self._tables.pop(seq_id, [])
+        self._num_cached_blocks.pop(seq_id, None)
+        # Tail first: its cached blocks enter the LRU earliest and so are
+        # evicted before the sequence's head, the part most likely shared;
+        # its uncached blocks go deepest into the stack, so the head's are
+        # reused first.
+        for block_id in reversed(table):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self._free_uncached.append(block_id)
+                else:
+                    self._free_cached[block_id] = None
+
+    # -- views ---------------------------------------------------------------
 
     def block_table(self, seq_id: str) -> KVBlocks:
         return KVBlocks(tuple(self._tables.get(seq_id, ())))
@@ -61,3 +199,45 @@ class BlockManager:
     def owned_block_ids(self) -> dict[str, tuple[int, ...]]:
         """Every table, for invariant checks in tests."""
         return {seq_id: tuple(table) for seq_id, table in self._tables.items()}
+
+    def state(self) -> BlockPoolState:
+        return BlockPoolState(
+            ref_counts=tuple(block.ref_count for block in self._blocks),
+            cached_block_ids=frozenset(self._cached.values()),
+            free_uncached=tuple(self._free_uncached),
+            free_cached_lru=tuple(self._free_cached),
+            tables=MappingProxyType(self.owned_block_ids()),
+        )
+
+    # -- internals -----------------------------------------------------------
+
+    def _blocks_needed(self, seq_id: str, num_tokens: int, prefix: CachedPrefix | None) -> int:
+        """Free blocks the allocation would take: new ones plus cached-free
+        blocks of the prefix that it brings back into use."""
+        table = self._tables.get(seq_id, ())
+        if prefix is None:
+            return max(self.blocks_for(num_tokens) - len(table), 0)
+        if table:
+            raise ValueError(f"sequence {seq_id} already has blocks; a cached prefix only starts a table")
+        for block_id, block_hash in zip(prefix.block_ids, prefix.block_hashes, strict=True):
+            if self._blocks[block_id].block_hash != block_hash:
+                raise ValueError(f"stale cached prefix for {seq_id}: look it up again before allocating")
+        revived = sum(1 for block_id in prefix.block_ids if self._blocks[block_id].ref_count == 0)
+        return max(self.blocks_for(num_tokens) - len(prefix.block_ids), 0) + revived
+
+    def _acquire(self, block: _Block) -> None:
+        if block.ref_count == 0:
+            del self._free_cached[block.block_id]
+        block.ref_count += 1
+
+    def _take_free_block(self) -> int:
+        if self._free_uncached:
+            block = self._blocks[self._free_uncached.pop()]
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)
+            block = self._blocks[block_id]
+            # Evict: the block's old content is about to be overwritten.
+            del self._cached[block.block_hash]  # type: ignore[arg-type]
+            block.block_hash = None
+        block.ref_count = 1
+        return block.block_id

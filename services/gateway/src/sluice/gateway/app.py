@@ -6,12 +6,13 @@ from collections.abc import AsyncIterator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sluice.gateway.auth import Authenticator, StaticKeyAuthenticator
 from sluice.gateway.errors import ApiError
 from sluice.gateway.metrics import GatewayMetrics
+from sluice.gateway.openapi import openapi_document
 from sluice.gateway.router_client import RouterClient
 from sluice.gateway.routes import generation, health, models
 from sluice.gateway.settings import GatewaySettings
@@ -47,5 +48,7 @@ def create_app(settings: GatewaySettings, authenticator: Authenticator | None = 
         Route("/health", health.healthz, methods=["GET"]),
         Route("/readyz", health.readyz, methods=["GET"]),
         Route("/metrics", health.metrics, methods=["GET"]),
+        Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
+    document = openapi_document()
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})

@@ -7,11 +7,12 @@ class GatewaySettings(SluiceSettings):
     gateway_host: str = Field("127.0.0.1", description="HTTP bind address")
     gateway_port: int = Field(8000, ge=0, le=65535, description="HTTP port")
     dev_api_key: str | None = Field(
-        "sk-sluice-dev", description="a key accepted for tenant SLUICE_DEV_TENANT; unset it in production"
+        None, description="a static key accepted for tenant SLUICE_DEV_TENANT (make run sets one); off when unset"
     )
     dev_tenant: str = Field("dev", description="tenant of the dev key")
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0, description="larger request bodies get 413")
     # Cheap pre-check before anything tokenizes: no tokenizer turns this
     # many characters into a prompt that fits any context we serve.
     max_prompt_chars: int = Field(2_000_000, gt=0, description="longer prompts get 400 before tokenizing")
+    keepalive_interval_s: float = Field(10.0, gt=0, description="SSE comment after this long without an event")
     default_max_tokens: int = Field(0, ge=0, description="max_tokens when a request omits it; 0 = the context's room")

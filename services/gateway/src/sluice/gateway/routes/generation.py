@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sluice.gateway import sse
 from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError, from_service_error
+from sluice.gateway.heartbeat import with_heartbeat
 from sluice.gateway.openai_format import FINISH_REASONS, ResponseFormat, usage_body
 from sluice.gateway.router_client import OpenedStream
 from sluice.gateway.schemas import ChatCompletionRequest, CompletionRequest, parse_body, read_json_body
@@ -94,7 +95,10 @@ async def _sse_events(
     output_tokens = 0
     try:
         yield sse.event(fmt.chunk("", None, first=True))
-        async for event in opened.rest:
+        async for event in with_heartbeat(opened.rest, state.settings.keepalive_interval_s):
+            if event is None:
+                yield sse.comment()
+                continue
             kind = event.WhichOneof("event")
             if kind == "delta":
                 output_tokens += len(event.delta.token_ids)

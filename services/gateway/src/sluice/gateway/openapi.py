@@ -1,0 +1,111 @@
+"""The OpenAPI document at /openapi.json, built from the same pydantic
+models that validate requests, so the document cannot drift from the code."""
+
+from typing import Any
+
+from sluice.gateway.schemas import ChatCompletionRequest, CompletionRequest
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+ERRORS = {
+    "400": "Invalid request (malformed JSON, a bad field, or context_length_exceeded)",
+    "401": "Missing or invalid API key",
+    "404": "Unknown model",
+    "409": "A request with this Idempotency-Key is still running",
+    "413": "Request body too large",
+    "429": "Over a rate limit or capacity; see Retry-After and x-sluice-reject-reason",
+    "503": "No replica can serve the model right now",
+}
+
+
+def _errors(codes: list[str]) -> dict[str, Any]:
+    return {
+        code: {
+            "description": ERRORS[code],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+        for code in codes
+    }
+
+
+def _json_body(model: type) -> tuple[dict[str, Any], dict[str, Any]]:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    definitions = schema.pop("$defs", {})
+    return schema, definitions
+
+
+def openapi_document() -> dict[str, Any]:
+    chat_schema, chat_defs = _json_body(ChatCompletionRequest)
+    completion_schema, completion_defs = _json_body(CompletionRequest)
+    generation_responses = {
+        "200": {
+            "description": "A completion (JSON), or a stream of server-sent events ending with `data: [DONE]`",
+            "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {}},
+        },
+        **_errors(["400", "401", "404", "409", "413", "429", "503"]),
+    }
+    idempotency = {
+        "name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 255},
+        "description": "Retries with the same key are billed once; a finished response is replayed.",
+    }
+    security = [{"bearer": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Sluice", "version": "0.1.0",
+                 "description": "OpenAI-compatible multi-tenant LLM inference."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": ERROR_SCHEMA, "ChatCompletionRequest": chat_schema,
+                        "CompletionRequest": completion_schema, **chat_defs, **completion_defs},
+        },
+        "paths": {
+            "/v1/chat/completions": {"post": {
+                "summary": "Create a chat completion", "security": security, "parameters": [idempotency],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}}},
+                "responses": generation_responses,
+            }},
+            "/v1/completions": {"post": {
+                "summary": "Create a text completion", "security": security, "parameters": [idempotency],
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/CompletionRequest"}}}},
+                "responses": generation_responses,
+            }},
+            "/v1/models": {"get": {
+                "summary": "List models", "security": security,
+                "responses": {"200": {"description": "The model catalog",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(["401", "503"])},
+            }},
+            "/v1/models/{model}": {"get": {
+                "summary": "Retrieve a model", "security": security,
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "The model",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
+                              **_errors(["401", "404", "503"])},
+            }},
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "Alive"}}}},
+            "/health": {"get": {"summary": "Liveness (alias probed by load tools)",
+                                "responses": {"200": {"description": "Alive"}}}},
+            "/readyz": {"get": {"summary": "Readiness: a route to a replica exists",
+                                "responses": {"200": {"description": "Ready"},
+                                              "503": {"description": "Not ready"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics",
+                                 "responses": {"200": {"description": "Text exposition format"}}}},
+        },
+    }

@@ -1,0 +1,38 @@
+import asyncio
+
+from sluice.gateway.heartbeat import with_heartbeat
+
+
+async def _slow(items, delay_s):
+    for item in items:
+        await asyncio.sleep(delay_s)
+        yield item
+
+
+async def test_heartbeats_fill_silences_without_losing_items():
+    seen = [item async for item in with_heartbeat(_slow([1, 2], 0.25), interval_s=0.1)]
+    assert [i for i in seen if i is not None] == [1, 2]
+    assert seen.count(None) >= 2
+
+
+async def test_fast_streams_get_no_heartbeats():
+    assert [item async for item in with_heartbeat(_slow([1, 2, 3], 0), interval_s=1)] == [1, 2, 3]
+
+
+async def test_closing_early_cancels_the_pending_read():
+    cancelled = asyncio.Event()
+
+    async def endless():
+        try:
+            yield 1
+            await asyncio.sleep(60)
+            yield 2
+        finally:
+            cancelled.set()
+
+    source = endless()
+    stream = with_heartbeat(source, interval_s=0.05)
+    assert await stream.__anext__() == 1
+    assert await stream.__anext__() is None
+    await stream.aclose()
+    await asyncio.wait_for(cancelled.wait(), timeout=1)  # the source saw the cancellation
