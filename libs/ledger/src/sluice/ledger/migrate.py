@@ -13,6 +13,7 @@ URL with `%` in a password needs no ini escaping. To write a new revision:
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 from alembic import command
@@ -30,6 +31,11 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Any constant works as long as nothing else in the database uses it.
 _UPGRADE_ADVISORY_LOCK_KEY = 0x51_1CE_1ED9E
 
+# Alembic's `context` and `op` are process-global proxies, so two upgrades in
+# one process must not overlap (they crash, not merely race). The database
+# locks above and below cover other processes.
+_IN_PROCESS_UPGRADE_LOCK = threading.Lock()
+
 
 def alembic_config(url: str | None = None) -> Config:
     # Alembic would print some command output to stdout; the CLI keeps stdout
@@ -45,10 +51,16 @@ def upgrade_database(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision`; a no-op when it is there."""
     engine = create_ledger_engine(url)
     try:
-        with engine.begin() as connection:
+        with _IN_PROCESS_UPGRADE_LOCK, engine.begin() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
                                    {"key": _UPGRADE_ADVISORY_LOCK_KEY})
+            else:
+                # Take SQLite's write lock before reading alembic_version, so a
+                # second process waits here and then sees the new revision.
+                # SQLite DDL is transactional, so the whole upgrade commits
+                # or rolls back as one.
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
             config = alembic_config()
             config.attributes["connection"] = connection
             command.upgrade(config, revision)

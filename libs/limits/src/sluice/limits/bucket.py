@@ -1,4 +1,4 @@
-"""Token-bucket arithmetic. Pure: no I/O, no asyncio, the clock passed in.
+r"""Token-bucket arithmetic. Pure: no I/O, no asyncio, the clock passed in.
 
 A bucket's capacity is the per-minute limit and it refills continuously at
 limit/60 per second, so a tenant may burst up to one minute's allowance and

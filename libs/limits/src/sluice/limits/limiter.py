@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from redis.asyncio import Redis
 
 from sluice.limits._keys import clock_arg, tenant_key
+from sluice.limits.clock import Clock
 from sluice.limits.bucket import BucketState, TakeResult, credit, full_bucket, try_take
 from sluice.limits.refusal import Refusal
 
-Clock = Callable[[], float]
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,6 +89,13 @@ def _too_large(tenant: str, limits: TenantLimits, estimated_tokens: int) -> Refu
             f"max_tokens; this request can never fit the tenant's limit."
         ),
     )
+
+
+def _settle_delta(reservation: Reservation, actual_tokens: int) -> int:
+    """Tokens to give back (negative: to take) at settle."""
+    if actual_tokens < 0:
+        raise ValueError(f"actual_tokens must be >= 0, got {actual_tokens}")
+    return reservation.estimated_tokens - actual_tokens
 
 
 def _rate_refusal(
@@ -169,7 +175,7 @@ class InProcessRateLimiter:
 
     async def settle(self, reservation: Reservation, actual_tokens: int) -> None:
         tpm = reservation.limits.tokens_per_minute
-        delta = reservation.estimated_tokens - actual_tokens
+        delta = _settle_delta(reservation, actual_tokens)
         if tpm is None or delta == 0:
             return
         now_s = self._clock()
@@ -311,7 +317,7 @@ class RedisRateLimiter:
 
     async def settle(self, reservation: Reservation, actual_tokens: int) -> None:
         tpm = reservation.limits.tokens_per_minute
-        delta = reservation.estimated_tokens - actual_tokens
+        delta = _settle_delta(reservation, actual_tokens)
         if tpm is None or delta == 0:
             return
         await self._settle(

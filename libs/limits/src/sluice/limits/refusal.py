@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,3 +27,11 @@ class Refusal:
     limit: LimitName
     retry_after_s: float | None
     message: str
+
+    def retry_after_header(self) -> str | None:
+        """The HTTP `Retry-After` value: whole seconds, rounded up, at least 1
+        (a client told 0 retries at once and is refused again); None when
+        no wait helps."""
+        if self.retry_after_s is None:
+            return None
+        return str(max(1, math.ceil(self.retry_after_s)))

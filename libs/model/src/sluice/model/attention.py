@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from sluice.kernels import paged_attention, write_kv
+from sluice.kernels.paged_attention_cpu import paged_attention_cpu
 from sluice.model.kv_cache import KVCache
 
 
@@ -73,3 +74,33 @@ def reference_attention(
         attn.query_start_loc,
         scale,
     )
+
+
+def cpu_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: KVCache,
+    attn: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The CPU serving backend: write K/V, then vectorised paged attention."""
+    write_kv(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
+    return paged_attention_cpu(
+        query,
+        kv_cache.key_cache,
+        kv_cache.value_cache,
+        attn.block_tables,
+        attn.seq_lens,
+        attn.query_start_loc,
+        scale,
+    )
+
+
+def default_backend(device: torch.device) -> AttentionBackend:
+    """Triton kernels on CUDA, the vectorised torch path elsewhere."""
+    if device.type == "cuda":
+        from sluice.kernels import triton_attention
+
+        return triton_attention
+    return cpu_attention

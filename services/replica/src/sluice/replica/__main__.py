@@ -10,6 +10,7 @@ from prometheus_client import start_http_server
 from sluice.config import configure_logging
 from sluice.engine.block_manager import BlockManager
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
+from sluice.model.attention import default_backend
 from sluice.model.kv_cache import allocate_kv_caches
 from sluice.model.loader import load_llama
 from sluice.model.runner import ModelRunner
@@ -31,7 +32,8 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
         torch.set_num_threads(settings.torch_threads)
     dtype = getattr(torch, settings.dtype)
     device = torch.device(settings.device)
-    model = load_llama(Path(settings.model_dir), dtype=dtype, device=device)
+    model = load_llama(Path(settings.model_dir), dtype=dtype, device=device,
+                       attention_backend=default_backend(device))
     num_blocks = kv_cache_blocks(
         model.config, dtype, device, settings.block_size_tokens,
         settings.kv_cache_blocks, settings.kv_cache_bytes, settings.gpu_memory_fraction,

@@ -5,7 +5,9 @@ Revises:
 Create Date: 2025-01-01
 
 Spelled out table by table rather than built from the models, so this
-revision keeps meaning the same thing when the models change later.
+revision keeps meaning the same thing when the models change later. Names
+are wrapped in op.f(): they are final, the metadata's naming convention must
+not prefix them again.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def upgrade() -> None:
         sa.Column("name", sa.Text(), nullable=False),
         sa.Column("is_admin", sa.Boolean(), server_default=sa.false(), nullable=False),
         sa.Column("created_at", _TIMESTAMPTZ, server_default=sa.func.now(), nullable=False),
-        sa.PrimaryKeyConstraint("id", name="pk_tenants"),
-        sa.UniqueConstraint("name", name="uq_tenants_name"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_tenants")),
+        sa.UniqueConstraint("name", name=op.f("uq_tenants_name")),
     )
     op.create_table(
         "api_keys",
@@ -47,10 +49,10 @@ def upgrade() -> None:
         sa.Column("created_at", _TIMESTAMPTZ, server_default=sa.func.now(), nullable=False),
         sa.Column("revoked_at", _TIMESTAMPTZ, nullable=True),
         sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"],
-                                name="fk_api_keys_tenant_id_tenants"),
-        sa.PrimaryKeyConstraint("key_hash", name="pk_api_keys"),
+                                name=op.f("fk_api_keys_tenant_id_tenants")),
+        sa.PrimaryKeyConstraint("key_hash", name=op.f("pk_api_keys")),
     )
-    op.create_index("ix_api_keys_tenant_id", "api_keys", ["tenant_id"])
+    op.create_index(op.f("ix_api_keys_tenant_id"), "api_keys", ["tenant_id"])
     op.create_table(
         "usage",
         sa.Column("tenant_id", sa.BigInteger(), nullable=False),
@@ -63,17 +65,17 @@ def upgrade() -> None:
         sa.Column("finish_reason", sa.Text(), nullable=False),
         sa.Column("finished_at", _TIMESTAMPTZ, nullable=False),
         sa.CheckConstraint("finish_reason IN ('stop', 'length')",
-                           name="ck_usage_finish_reason"),
+                           name=op.f("ck_usage_finish_reason")),
         sa.CheckConstraint(
             "prompt_tokens >= 0 AND cached_tokens >= 0 AND output_tokens >= 0"
             " AND cached_tokens <= prompt_tokens",
-            name="ck_usage_token_counts"),
+            name=op.f("ck_usage_token_counts")),
         sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"],
-                                name="fk_usage_tenant_id_tenants"),
-        sa.PrimaryKeyConstraint("tenant_id", "request_id", name="pk_usage"),
+                                name=op.f("fk_usage_tenant_id_tenants")),
+        sa.PrimaryKeyConstraint("tenant_id", "request_id", name=op.f("pk_usage")),
     )
-    op.create_index("ix_usage_finished_at", "usage", ["finished_at"])
-    op.create_index("ix_usage_tenant_id_finished_at", "usage", ["tenant_id", "finished_at"])
+    op.create_index(op.f("ix_usage_finished_at"), "usage", ["finished_at"])
+    op.create_index(op.f("ix_usage_tenant_id_finished_at"), "usage", ["tenant_id", "finished_at"])
     op.create_table(
         "attempts",
         sa.Column("id", _BIG_IDENTITY, sa.Identity(), nullable=False),
@@ -86,16 +88,16 @@ def upgrade() -> None:
         sa.Column("output_tokens", sa.Integer(), nullable=False),
         sa.Column("outcome", sa.Text(), nullable=False),
         sa.Column("at", _TIMESTAMPTZ, nullable=False),
-        sa.CheckConstraint("outcome IN ('cancelled', 'error')", name="ck_attempts_outcome"),
+        sa.CheckConstraint("outcome IN ('cancelled', 'error')", name=op.f("ck_attempts_outcome")),
         sa.CheckConstraint("prompt_tokens >= 0 AND output_tokens >= 0",
-                           name="ck_attempts_token_counts"),
+                           name=op.f("ck_attempts_token_counts")),
         sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"],
-                                name="fk_attempts_tenant_id_tenants"),
-        sa.PrimaryKeyConstraint("id", name="pk_attempts"),
-        sa.UniqueConstraint("attempt_id", name="uq_attempts_attempt_id"),
+                                name=op.f("fk_attempts_tenant_id_tenants")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_attempts")),
+        sa.UniqueConstraint("attempt_id", name=op.f("uq_attempts_attempt_id")),
     )
-    op.create_index("ix_attempts_tenant_id", "attempts", ["tenant_id"])
-    op.create_index("ix_attempts_at", "attempts", ["at"])
+    op.create_index(op.f("ix_attempts_tenant_id"), "attempts", ["tenant_id"])
+    op.create_index(op.f("ix_attempts_at"), "attempts", ["at"])
 
 
 def downgrade() -> None:
