@@ -24,8 +24,9 @@ def _run(stops: Sequence[str], chunks: Sequence[str]) -> tuple[str, bool]:
 
 
 def _cut_at_first_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    hits = [i for i in (text.find(s) for s in stops) if i != -1]
-    return (text[: min(hits)], True) if hits else (text, False)
+    """Cut at the stop that completes first (ties: the earliest start)."""
+    hits = [(i + len(s), i) for s in stops if (i := text.find(s)) != -1]
+    return (text[: min(hits)[1]], True) if hits else (text, False)
 
 
 def test_docstring_walkthrough() -> None:

@@ -224,6 +224,8 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache, one query token per sequence.
 
@@ -234,6 +236,7 @@ def paged_decode_attention(
     out: optional [num_seqs, num_heads, head_dim] in query.dtype
     max_seq_len: host-side max of seq_lens; only used to size KV splits
     num_splits: KV splits per sequence (None: 1 unless the grid is too small)
+    block_n, num_warps, num_stages: tuning (context tokens per KV tile, launch config)
     returns out
     """
     check_query(query)
@@ -311,8 +314,8 @@ def paged_decode_attention(
         BLOCK_N=block_n,
         USE_SPLITS=use_splits,
         DOT_F32=dot_f32,
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if use_splits:
         _merge_splits_kernel[(num_seqs, num_heads)](

@@ -62,6 +62,7 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # BLOCK_Q * GROUP_PAD rows
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -70,7 +71,6 @@ def _paged_prefill_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2)
-    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
 
     q_start = tl.load(query_start_loc_ptr + seq).to(tl.int32)
     q_len = tl.load(query_start_loc_ptr + seq + 1).to(tl.int32) - q_start
@@ -212,6 +212,7 @@ def paged_prefill_attention(
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
+        BLOCK_M=block_q * group_pad,
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,

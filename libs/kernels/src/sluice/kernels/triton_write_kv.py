@@ -44,7 +44,7 @@ def _write_kv_kernel(
     heads = tl.arange(0, HEADS_PAD)
     dims = tl.arange(0, HEAD_DIM)
     # slot < 0 (padding): every lane masked off, nothing is read or written.
-    mask = (heads[:, None] < NUM_KV_HEADS) & (slot >= 0)
+    mask = (heads[:, None] < NUM_KV_HEADS) & (dims[None, :] < HEAD_DIM) & (slot >= 0)
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
     cache_off = block * stride_cb + offset * stride_ct + heads[:, None] * stride_ch + dims[None, :]

@@ -74,14 +74,20 @@ class StopStringMatcher:
         return held
 
     def _first_match(self, buffer: str) -> tuple[int, str | None]:
-        best_index, best_stop = len(buffer), None
+        """The match that COMPLETES first (then the earliest start).
+
+        Generation stops the moment any stop string has fully appeared, so
+        the answer must not depend on how the text was chunked: with stops
+        ["b", "aba"] and text "aba", "b" completes first and "a" is emitted,
+        whether "aba" arrived whole or a character at a time.
+        """
+        best: tuple[int, int] | None = None  # (end, start)
+        best_stop = None
         for stop in self._stops:
-            # Searching only up to best_index + len(stop) keeps later stops
-            # from rescanning text beyond an earlier match.
-            index = buffer.find(stop, 0, best_index + len(stop) - 1)
-            if index != -1 and index < best_index:
-                best_index, best_stop = index, stop
-        return best_index, best_stop
+            index = buffer.find(stop)
+            if index != -1 and (best is None or (index + len(stop), index) < best):
+                best, best_stop = (index + len(stop), index), stop
+        return (best[1], best_stop) if best is not None else (len(buffer), None)
 
     def _partial_match_length(self, buffer: str) -> int:
         """Length of the longest suffix of buffer that is a proper prefix of a stop."""
