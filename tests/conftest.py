@@ -27,3 +27,11 @@ def tiny_model_dir() -> Path:
 
         build_tiny_checkpoint(model_dir)
     return model_dir
+
+
+@pytest.fixture(scope="session")
+def postgres_session_url():
+    """SQLAlchemy URL of a Postgres database created for this test session."""
+    from support.postgres import throwaway_database
+
+    yield from throwaway_database()

@@ -2,6 +2,7 @@
 integration tests, plus helpers to read its Prometheus metrics."""
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,14 +13,32 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.devstack.stack import LocalStack, StackPorts
 
 
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
 @pytest.fixture(scope="session")
-def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def stack_database_url(postgres_session_url: str) -> str:
+    """The ledger of the shared stack: a throwaway Postgres database."""
+    return postgres_session_url
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, stack_database_url: str):
+    """The production-like stack: Redis buckets and idempotency keys (a key
+    prefix of its own), the ledger in Postgres."""
     log_dir = tmp_path_factory.mktemp("stack-logs")
     local = LocalStack(
         model_dir=tiny_model_dir,
         log_dir=log_dir,
         ports=StackPorts.ephemeral(),
-        extra_env={"SLUICE_CANARY_INTERVAL_S": "1", "SLUICE_LOG_LEVEL": "INFO"},
+        extra_env={
+            "SLUICE_CANARY_INTERVAL_S": "1",
+            "SLUICE_LOG_LEVEL": "INFO",
+            "REDIS_URL": REDIS_URL,
+            "SLUICE_REDIS_KEY_PREFIX": f"sluice-test-{uuid.uuid4().hex[:8]}",
+            "SLUICE_DATABASE_URL": stack_database_url,
+            "SLUICE_OUTBOX_PATH": str(log_dir / "outbox.db"),
+        },
     )
     local.start()
     try:

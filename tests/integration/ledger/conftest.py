@@ -21,37 +21,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+from support.postgres import libpq_conninfo
+
 BACKENDS = ("sqlite", "postgresql")
-
-
-def _admin_url() -> str:
-    return os.environ.get("SLUICE_TEST_POSTGRES_URL", DEFAULT_ADMIN_URL)
-
-
-def _libpq_conninfo(url: str, database: str | None = None) -> str:
-    parsed = make_url(url)
-    if database is not None:
-        parsed = parsed.set(database=database)
-    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@pytest.fixture(scope="session")
-def postgres_session_url() -> Iterator[str]:
-    """SQLAlchemy URL of a database created for this test session."""
-    admin_url = _admin_url()
-    try:
-        admin = psycopg.connect(_libpq_conninfo(admin_url), autocommit=True, connect_timeout=3)
-    except psycopg.Error as exc:
-        pytest.skip(f"Postgres unreachable at {make_url(admin_url).render_as_string()}: {exc}")
-    database = f"sluice_test_{uuid.uuid4().hex[:12]}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    try:
-        yield make_url(admin_url).set(database=database).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(_libpq_conninfo(admin_url), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def postgres_schema_url(session_url: str, schema: str) -> str:
@@ -65,7 +37,7 @@ def postgres_schema_url(session_url: str, schema: str) -> str:
 def postgres_url(postgres_session_url: str) -> Iterator[str]:
     """A fresh, empty schema for one test."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    conninfo = _libpq_conninfo(postgres_session_url)
+    conninfo = libpq_conninfo(postgres_session_url)
     with psycopg.connect(conninfo, autocommit=True) as connection:
         connection.execute(f'CREATE SCHEMA "{schema}"')
     yield postgres_schema_url(postgres_session_url, schema)

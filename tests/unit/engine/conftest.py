@@ -19,12 +19,14 @@ def make_scheduler():
 @pytest.fixture
 def make_request():
     def make(request_id: str, prompt_len: int = 6, max_output: int = 4, *, service_class=ServiceClass.INTERACTIVE,
-             eos: frozenset[int] = frozenset(), ignore_eos: bool = False, min_tokens: int = 0) -> EngineRequest:
+             eos: frozenset[int] = frozenset(), ignore_eos: bool = False, min_tokens: int = 0,
+             tenant: str = "", prompt: tuple[int, ...] | None = None) -> EngineRequest:
         return EngineRequest(
             request_id=request_id,
-            prompt_token_ids=tuple(range(1, prompt_len + 1)),
+            prompt_token_ids=prompt if prompt is not None else tuple(range(1, prompt_len + 1)),
             stop=StopPolicy(max_output_tokens=max_output, eos_token_ids=eos, ignore_eos=ignore_eos,
                             min_tokens=min_tokens),
             service_class=service_class,
+            fairness_key=tenant,
         )
     return make

@@ -37,3 +37,128 @@ def test_free_returns_every_block_and_no_block_is_owned_twice():
 def test_rejects_nonsense_sizes():
     with pytest.raises(ValueError):
         BlockManager(num_blocks=0, block_size_tokens=16)
+
+
+# -- prefix cache --------------------------------------------------------------
+
+from sluice.engine.block_hash import ROOT_BLOCK_HASH, extend_block_hashes, hash_block_tokens  # noqa: E402
+
+
+def _hashes(tokens, block_size):
+    hashes = []
+    extend_block_hashes(hashes, tokens, block_size)
+    return hashes
+
+
+def _computed(blocks, seq_id, tokens, prefix=None):
+    """Allocate for all tokens, then register them as computed."""
+    hashes = _hashes(tokens, blocks.block_size_tokens)
+    kv = blocks.allocate(seq_id, len(tokens), prefix)
+    assert kv is not None
+    blocks.cache_full_blocks(seq_id, hashes, len(tokens))
+    return kv
+
+
+def test_block_hashes_chain_through_the_parent_and_are_stable():
+    a = _hashes([1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
+    assert len(a) == 2  # the partial third block is never hashed
+    assert a[0] == hash_block_tokens(ROOT_BLOCK_HASH, [1, 2, 3, 4])
+    assert a[1] == hash_block_tokens(a[0], [5, 6, 7, 8])
+    # Same block tokens after a different prefix: a different key.
+    assert _hashes([9, 9, 9, 9, 5, 6, 7, 8], 4)[1] != a[1]
+    # A fixed digest: the key must not change between processes or releases.
+    assert hash_block_tokens(ROOT_BLOCK_HASH, [1, 2, 3, 4]).hex() == "12346182e687d83476ada6caf607d613"
+
+
+def test_lookup_finds_the_longest_cached_prefix_and_leaves_one_token():
+    blocks = BlockManager(num_blocks=8, block_size_tokens=4)
+    tokens = list(range(10, 22))  # 12 tokens, 3 full blocks
+    kv = _computed(blocks, "a", tokens)
+    hit = blocks.lookup_prefix(_hashes(tokens, 4), len(tokens))
+    # All three blocks are cached, but a hit must leave a token to compute.
+    assert hit.block_ids == kv.block_ids[:2] and hit.num_tokens == 8
+    longer = tokens + [99, 98, 97]
+    assert blocks.lookup_prefix(_hashes(longer, 4), len(longer)).num_tokens == 12
+    diverging = tokens[:4] + [0] * 8
+    assert blocks.lookup_prefix(_hashes(diverging, 4), len(diverging)).num_tokens == 4
+
+
+def test_blocks_are_cached_only_once_computed():
+    blocks = BlockManager(num_blocks=8, block_size_tokens=4)
+    tokens = list(range(1, 10))
+    hashes = _hashes(tokens, 4)
+    blocks.allocate("a", len(tokens))
+    assert blocks.lookup_prefix(hashes, 9).num_tokens == 0  # allocated is not computed
+    blocks.cache_full_blocks("a", hashes, num_computed_tokens=6)
+    assert blocks.lookup_prefix(hashes, 9).num_tokens == 4
+    blocks.cache_full_blocks("a", hashes, num_computed_tokens=9)
+    assert blocks.lookup_prefix(hashes, 9).num_tokens == 8
+
+
+def test_a_hit_shares_blocks_with_ref_counts_and_counts_tokens():
+    blocks = BlockManager(num_blocks=8, block_size_tokens=4)
+    prompt = list(range(1, 9))
+    kv_a = _computed(blocks, "a", prompt + [50])
+    b_tokens = prompt + [60, 61]
+    hit = blocks.lookup_prefix(_hashes(b_tokens, 4), len(b_tokens))
+    kv_b = blocks.allocate("b", len(b_tokens), hit)
+    assert kv_b.block_ids[:2] == kv_a.block_ids[:2] and kv_b.block_ids[2] != kv_a.block_ids[2]
+    state = blocks.state()
+    assert [state.ref_counts[b] for b in kv_a.block_ids[:2]] == [2, 2]
+    assert blocks.num_used_blocks == 4
+    assert (blocks.prefix_cache_queried_tokens_total, blocks.prefix_cache_hit_tokens_total) == (10, 8)
+    blocks.free("a")
+    assert [blocks.state().ref_counts[b] for b in kv_a.block_ids[:2]] == [1, 1]
+
+
+def test_freed_cached_blocks_stay_findable_until_evicted_lru():
+    blocks = BlockManager(num_blocks=4, block_size_tokens=2)
+    _computed(blocks, "a", [1, 2, 3, 4])  # two cached blocks
+    blocks.free("a")
+    assert blocks.num_free_blocks == 4 and blocks.num_cached_free_blocks == 2
+    # Two uncached blocks are free: a new sequence takes those first.
+    blocks.allocate("b", 4)
+    assert blocks.lookup_prefix(_hashes([1, 2, 3, 4, 5], 2), 5).num_tokens == 4
+    # One more block must evict: the tail of "a" goes first (freed first).
+    blocks.allocate("c", 2)
+    assert blocks.lookup_prefix(_hashes([1, 2, 3, 4, 5], 2), 5).num_tokens == 2
+    blocks.allocate("d", 2)
+    assert blocks.lookup_prefix(_hashes([1, 2, 3, 4, 5], 2), 5).num_tokens == 0
+    assert blocks.num_free_blocks == 0 and not blocks.state().cached_block_ids
+
+
+def test_reviving_cached_free_blocks_counts_against_free_space():
+    blocks = BlockManager(num_blocks=4, block_size_tokens=2)
+    _computed(blocks, "a", [1, 2, 3, 4])
+    blocks.free("a")
+    blocks.allocate("x", 2)  # free now: 1 uncached + 2 cached
+    tokens = [1, 2, 3, 4, 5, 6, 7]  # hit 2 blocks (both cached-free), needs 2 new
+    hit = blocks.lookup_prefix(_hashes(tokens, 2), len(tokens))
+    assert hit.num_tokens == 4
+    assert not blocks.can_allocate("b", 7, hit)
+    assert blocks.allocate("b", 7, hit) is None
+    assert blocks.can_allocate("b", 5, hit)  # revive 2 + 1 new = 3 free; the new one must not evict the hit
+    assert blocks.allocate("b", 5, hit).block_ids[:2] == hit.block_ids
+    assert blocks.num_free_blocks == 0
+
+
+def test_a_stale_prefix_is_refused():
+    blocks = BlockManager(num_blocks=2, block_size_tokens=2)
+    _computed(blocks, "a", [1, 2])
+    blocks.free("a")
+    hit = blocks.lookup_prefix(_hashes([1, 2, 3], 2), 3)
+    blocks.allocate("x", 4)  # evicts the cached block
+    blocks.free("x")
+    with pytest.raises(ValueError, match="stale"):
+        blocks.allocate("b", 3, hit)
+
+
+def test_duplicate_content_stays_private_and_returns_uncached():
+    blocks = BlockManager(num_blocks=4, block_size_tokens=2)
+    _computed(blocks, "a", [1, 2, 3])
+    _computed(blocks, "b", [1, 2, 3])  # computed side by side, both missed
+    assert len(blocks.state().cached_block_ids) == 1
+    blocks.free("b")
+    blocks.free("a")
+    state = blocks.state()
+    assert len(state.free_cached_lru) == 1 and len(state.free_uncached) == 3

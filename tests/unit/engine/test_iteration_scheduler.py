@@ -91,3 +91,97 @@ def test_a_request_that_can_never_fit_is_refused(make_scheduler, make_request):
 
     with pytest.raises(ValueError, match="never fit"):
         scheduler.add(make_request("huge", prompt_len=20, max_output=4))
+
+
+def _admitted_order(scheduler, steps: int = 50) -> list[str]:
+    order: list[str] = []
+    for t in range(steps):
+        plan, _ = _run_step(scheduler, t)
+        order += [c.request_id for c in plan.chunks if c.request_id not in order]
+        if not scheduler.has_work():
+            break
+    return order
+
+
+def test_admission_rotates_across_tenants_within_a_class(make_scheduler, make_request):
+    # One sequence slot: admissions happen one at a time, in line order.
+    scheduler = make_scheduler(budget=64, max_seqs=1)
+    for i in range(3):
+        scheduler.add(make_request(f"a{i}", tenant="A", max_output=1))
+    scheduler.add(make_request("b0", tenant="B", max_output=1))
+    scheduler.add(make_request("a3", tenant="A", max_output=1))
+    scheduler.add(make_request("c0", tenant="C", max_output=1))
+    assert _admitted_order(scheduler) == ["a0", "b0", "c0", "a1", "a2", "a3"]
+
+
+def test_interactive_goes_before_batch_whatever_the_tenants(make_scheduler, make_request):
+    scheduler = make_scheduler(budget=64, max_seqs=1)
+    scheduler.add(make_request("batch-x", tenant="X", service_class=ServiceClass.BATCH, max_output=1))
+    scheduler.add(make_request("chat-a0", tenant="A", max_output=1))
+    scheduler.add(make_request("chat-a1", tenant="A", max_output=1))
+    assert _admitted_order(scheduler) == ["chat-a0", "chat-a1", "batch-x"]
+
+
+def test_a_shared_prefix_is_computed_once_and_reported(make_scheduler, make_request):
+    scheduler = make_scheduler(block_size=4, budget=64)
+    shared = tuple(range(1, 13))  # 3 full blocks
+    scheduler.add(make_request("first", prompt=shared + (40,), max_output=3))
+    _run_step(scheduler, 0)  # prefilled: its full blocks are now cached
+    scheduler.add(make_request("second", prompt=shared + (50, 51), max_output=2))
+    plan, _ = _run_step(scheduler, 1)
+    second = next(c for c in plan.chunks if c.request_id == "second")
+    assert second.start_position == 12 and second.token_ids == (50, 51)
+    first_table = scheduler.blocks.block_table("first").block_ids
+    assert second.block_table[:3] == first_table[:3]
+    outputs = []
+    while scheduler.has_work():
+        outputs += _run_step(scheduler, 2)[1]
+    cached = {o.request_id: o.num_cached_tokens for o in outputs if o.finished}
+    assert cached == {"first": 0, "second": 12}
+    assert scheduler.blocks.prefix_cache_hit_tokens_total == 12
+    assert scheduler.blocks.prefix_cache_queried_tokens_total == 13 + 14
+
+
+def test_a_prompt_that_is_entirely_cached_still_computes_its_last_token(make_scheduler, make_request):
+    scheduler = make_scheduler(block_size=4, budget=64)
+    prompt = tuple(range(1, 9))  # exactly 2 blocks
+    scheduler.add(make_request("first", prompt=prompt, max_output=1))
+    _run_step(scheduler, 0)
+    scheduler.add(make_request("again", prompt=prompt, max_output=1))
+    plan, outputs = _run_step(scheduler, 1)
+    assert [(c.start_position, c.token_ids, c.samples) for c in plan.chunks] == [(4, (5, 6, 7, 8), True)]
+    assert outputs[0].num_cached_tokens == 4
+
+
+def test_recompute_after_preemption_hits_its_own_cached_blocks(make_scheduler, make_request):
+    # 6 blocks of 2: "old" grows until it must preempt "new", whose
+    # computed full blocks stay cached and are found again on re-admission.
+    scheduler = make_scheduler(num_blocks=6, block_size=2, budget=16)
+    scheduler.add(make_request("old", prompt=(1, 2, 3), max_output=6))
+    scheduler.add(make_request("new", prompt=(7, 8, 9, 10, 11), max_output=3))
+    preempted, readmitted_at = [], None
+    for t in range(40):
+        plan, _ = _run_step(scheduler, t)
+        preempted += plan.preempted_ids
+        for chunk in plan.chunks:
+            if chunk.request_id == "new" and preempted and readmitted_at is None:
+                readmitted_at = chunk.start_position
+        if not scheduler.has_work():
+            break
+    assert preempted == ["new"]
+    assert readmitted_at and readmitted_at > 0
+    assert scheduler.blocks.num_free_blocks == 6
+
+
+def test_a_preempted_sequence_is_readmitted_before_newer_arrivals(make_scheduler, make_request):
+    scheduler = make_scheduler(num_blocks=4, block_size=2, budget=16)
+    scheduler.add(make_request("old", prompt_len=3, max_output=4))
+    scheduler.add(make_request("mid", prompt_len=3, max_output=4))
+    for t in range(20):
+        plan, _ = _run_step(scheduler, t)
+        if plan.preempted_ids:
+            break
+    assert plan.preempted_ids == ("mid",)
+    scheduler.add(make_request("late", prompt_len=1, max_output=1, tenant="other"))
+    order = _admitted_order(scheduler)
+    assert order.index("mid") < order.index("late")

@@ -3,27 +3,33 @@
 One algorithm, no phases. Every sequence catches its computed tokens up to
 its length under a per-step token budget:
 
-  1. one token for every running sequence that is decoding (protects ITL);
-  2. the rest of the budget goes to prefill chunks: running sequences that
-     are part-way through their prompt, then waiting ones, interactive before
-     batch, oldest first;
-  3. when KV blocks run out for a running sequence, the least important
-     running sequence (batch before interactive, newest first) is preempted
-     by recompute: its blocks are freed and it goes back to the head of the
-     waiting line with its outputs kept.
+  1. one token for every running sequence that is decoding (protects ITL),
+     interactive first;
+  2. the rest of the budget goes to prefill chunks, interactive class before
+     batch; within a class, running sequences part-way through their prompt
+     (oldest first), then admissions from the waiting line (preempted ones
+     first, then round robin across tenants). An admission starts from the
+     longest cached prefix of the sequence's tokens;
+  3. when a running sequence cannot get KV blocks, the least important
+     running sequence (batch before interactive, newest arrival first) is
+     preempted by recompute: its blocks are freed (its cached ones stay in
+     the prefix cache, so re-admission usually hits them) and it waits ahead
+     of new arrivals with its outputs kept. Waiting sequences never preempt.
 
 `schedule(now_s)` returns a frozen `StepPlan`; `update(plan, sampled)`
-applies the runner's sampled tokens and returns per-request outputs.
+applies the runner's sampled tokens, registers newly computed full blocks in
+the prefix cache, and returns per-request outputs.
 """
 
-from collections import deque
+import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sluice.engine.block_manager import BlockManager
+from sluice.engine.block_manager import BlockManager, KVBlocks
 from sluice.engine.plan import RequestOutput, ScheduledChunk, StepPlan
-from sluice.engine.request import EngineRequest, FinishReason
+from sluice.engine.request import EngineRequest, FinishReason, ServiceClass
 from sluice.engine.sequence import Sequence, SequenceStatus
+from sluice.engine.waiting import WaitingQueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +46,37 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
 
 
+@dataclass(slots=True)
+class _StepBuilder:
+    """The plan under construction; preemption can take a chunk back out."""
+
+    budget_tokens: int
+    chunks: dict[str, ScheduledChunk] = field(default_factory=dict)
+    preempted_ids: list[str] = field(default_factory=list)
+
+    def add(self, chunk: ScheduledChunk) -> None:
+        self.chunks[chunk.request_id] = chunk
+        self.budget_tokens -= len(chunk.token_ids)
+
+    def drop(self, request_id: str) -> None:
+        chunk = self.chunks.pop(request_id, None)
+        if chunk is not None:
+            self.budget_tokens += len(chunk.token_ids)
+
+
+def _rank(sequence: Sequence) -> tuple[int, int]:
+    """Smaller is more important: class, then arrival."""
+    return sequence.request.service_class, sequence.arrival_index
+
+
 class IterationScheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
         self.config = config
         self.blocks = blocks
         self._sequences: dict[str, Sequence] = {}
-        self._waiting: deque[Sequence] = deque()
+        self._waiting = WaitingQueue()
         self._running: list[Sequence] = []  # in admission order
+        self._arrivals = itertools.count()
         self.num_preemptions_total = 0
 
     # -- requests in and out -------------------------------------------------
@@ -57,9 +87,9 @@ class IterationScheduler:
         total = len(request.prompt_token_ids) + request.stop.max_output_tokens
         if self.blocks.blocks_for(min(total, self.config.max_model_len_tokens)) > self.blocks.num_blocks:
             raise ValueError(f"request {request.request_id} can never fit in the KV cache")
-        sequence = Sequence(request)
+        sequence = Sequence(request, next(self._arrivals), self.blocks.block_size_tokens)
         self._sequences[request.request_id] = sequence
-        self._waiting.append(sequence)
+        self._waiting.push(sequence)
 
     def cancel(self, request_id: str) -> bool:
         """Forget the request; its blocks are freed at once. False if unknown."""
@@ -83,35 +113,30 @@ class IterationScheduler:
     # -- one step ------------------------------------------------------------
 
     def schedule(self, now_s: float) -> StepPlan:
-        chunks: dict[str, ScheduledChunk] = {}
-        preempted: list[str] = []
-
-        decoding = [s for s in self._running if s.num_uncomputed_tokens == 1]
-        prefilling = [s for s in self._running if s.num_uncomputed_tokens > 1]
-        for sequence in decoding + prefilling:
-            # Recomputed each time: a preemption below may return a victim's tokens.
-            budget = self.config.max_num_batched_tokens - sum(len(c.token_ids) for c in chunks.values())
-            if budget == 0:
+        step = _StepBuilder(self.config.max_num_batched_tokens)
+        decoding = sorted((s for s in self._running if s.num_uncomputed_tokens == 1), key=_rank)
+        for sequence in decoding:
+            if step.budget_tokens == 0:
                 break
-            if sequence.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            chunk = self._grow_running(sequence, budget, chunks, preempted)
-            if chunk is not None:
-                chunks[sequence.request_id] = chunk
-        budget = self.config.max_num_batched_tokens - sum(len(c.token_ids) for c in chunks.values())
+            if sequence.status is SequenceStatus.RUNNING:  # not preempted earlier in this loop
+                self._schedule_running(sequence, step)
 
-        while budget > 0 and self._waiting and len(self._running) < self.config.max_num_seqs:
-            sequence = self._next_waiting()
-            chunk = self._chunk(sequence, budget)
-            if chunk is None:
-                break  # no blocks; waiting requests never preempt running ones
-            self._waiting.remove(sequence)
-            sequence.status = SequenceStatus.RUNNING
-            self._running.append(sequence)
-            chunks[sequence.request_id] = chunk
-            budget -= len(chunk.token_ids)
+        admitting = True
+        for service_class in sorted(ServiceClass):
+            prefilling = sorted(
+                (s for s in self._running
+                 if s.request.service_class == service_class and s.request_id not in step.chunks),
+                key=_rank,
+            )
+            for sequence in prefilling:
+                if step.budget_tokens == 0:
+                    break
+                if sequence.status is SequenceStatus.RUNNING:
+                    self._schedule_running(sequence, step)
+            if admitting:
+                admitting = self._admit(service_class, step)
 
-        return StepPlan(tuple(chunks.values()), tuple(preempted), now_s)
+        return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
 
     def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
@@ -119,12 +144,16 @@ class IterationScheduler:
             sequence = self._sequences.get(chunk.request_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
                 continue  # cancelled while the step ran
+            if chunk.start_position != sequence.num_computed_tokens:
+                raise ValueError(f"stale plan for {chunk.request_id}: update each plan exactly once, in order")
             sequence.num_computed_tokens += len(chunk.token_ids)
+            # The step has run, so these blocks' K/V exist: now others may hit them.
+            self.blocks.cache_full_blocks(sequence.request_id, sequence.block_hashes, sequence.num_computed_tokens)
             if not chunk.samples:
                 continue
             token_id = sampled[chunk.request_id]
-            sequence.output_token_ids.append(token_id)
-            reason = sequence.request.stop.finish_reason(token_id, len(sequence.output_token_ids))
+            sequence.append_output(token_id)
+            reason = sequence.request.stop.finish_reason(token_id, sequence.num_output_tokens)
             if reason is None and sequence.num_tokens >= self.config.max_model_len_tokens:
                 reason = FinishReason.LENGTH
             if reason is not None:
@@ -135,17 +164,46 @@ class IterationScheduler:
 
     # -- internals -----------------------------------------------------------
 
-    def _next_waiting(self) -> Sequence:
-        # Interactive before batch; FIFO within a class (preempted sequences
-        # were put back at the head, so they keep their place).
-        return min(self._waiting, key=lambda s: s.request.service_class)
+    def _schedule_running(self, sequence: Sequence, step: _StepBuilder) -> None:
+        """Schedule the next chunk of a running sequence, preempting the least
+        important running sequence until its blocks fit (or it is that one)."""
+        while True:
+            take = min(sequence.num_uncomputed_tokens, step.budget_tokens)
+            kv = self.blocks.allocate(sequence.request_id, sequence.num_computed_tokens + take)
+            if kv is not None:
+                step.add(self._chunk(sequence, take, kv))
+                return
+            victim = max(self._running, key=_rank)
+            self._preempt(victim, step)
+            if victim is sequence:
+                return
 
-    def _chunk(self, sequence: Sequence, budget: int) -> ScheduledChunk | None:
+    def _admit(self, service_class: ServiceClass, step: _StepBuilder) -> bool:
+        """Admit waiting sequences of `service_class` while budget, sequence
+        slots and blocks last. False when the head of the line is stuck on
+        blocks: nobody behind it (of any class) may go first."""
+        while step.budget_tokens > 0 and len(self._running) < self.config.max_num_seqs:
+            sequence = self._waiting.peek()
+            if sequence is None or sequence.request.service_class != service_class:
+                return True
+            if sequence.request_id in step.preempted_ids:
+                return False  # it just lost its blocks to make room this step
+            prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
+            take = min(sequence.num_tokens - prefix.num_tokens, step.budget_tokens)
+            kv = self.blocks.allocate(sequence.request_id, prefix.num_tokens + take, prefix)
+            if kv is None:
+                return False
+            self._waiting.pop(sequence)
+            sequence.status = SequenceStatus.RUNNING
+            sequence.num_computed_tokens = prefix.num_tokens
+            if sequence.num_preemptions == 0:
+                sequence.num_cached_tokens = prefix.num_tokens
+            self._running.append(sequence)
+            step.add(self._chunk(sequence, take, kv))
+        return True
+
+    def _chunk(self, sequence: Sequence, take: int, kv: KVBlocks) -> ScheduledChunk:
         start = sequence.num_computed_tokens
-        take = min(sequence.num_uncomputed_tokens, budget)
-        kv = self.blocks.allocate(sequence.request_id, start + take)
-        if kv is None:
-            return None
         stop = start + take
         return ScheduledChunk(
             request_id=sequence.request_id,
@@ -153,37 +211,20 @@ class IterationScheduler:
             start_position=start,
             block_table=kv.block_ids,
             samples=stop == sequence.num_tokens,
-            num_output_tokens=len(sequence.output_token_ids),
+            num_output_tokens=sequence.num_output_tokens,
             sampling=sequence.request.sampling,
         )
 
-    def _grow_running(
-        self, sequence: Sequence, budget: int, chunks: dict[str, ScheduledChunk], preempted: list[str]
-    ) -> ScheduledChunk | None:
-        while True:
-            chunk = self._chunk(sequence, budget)
-            if chunk is not None:
-                return chunk
-            victim = self._preemption_victim()
-            chunks.pop(victim.request_id, None)
-            self._preempt(victim)
-            preempted.append(victim.request_id)
-            if victim is sequence:
-                return None
-
-    def _preemption_victim(self) -> Sequence:
-        # Batch before interactive, then the most recently admitted.
-        ranked = sorted(enumerate(self._running), key=lambda p: (p[1].request.service_class, p[0]))
-        return ranked[-1][1]
-
-    def _preempt(self, sequence: Sequence) -> None:
+    def _preempt(self, sequence: Sequence, step: _StepBuilder) -> None:
         self.blocks.free(sequence.request_id)
         self._running.remove(sequence)
         sequence.status = SequenceStatus.WAITING
         sequence.num_computed_tokens = 0
         sequence.num_preemptions += 1
         self.num_preemptions_total += 1
-        self._waiting.appendleft(sequence)
+        self._waiting.push_resumed(sequence)
+        step.drop(sequence.request_id)
+        step.preempted_ids.append(sequence.request_id)
 
     def _retire(self, sequence: Sequence, reason: FinishReason) -> None:
         self.blocks.free(sequence.request_id)
@@ -199,7 +240,7 @@ class IterationScheduler:
             request_id=sequence.request_id,
             new_token_ids=new_token_ids,
             finish_reason=sequence.finish_reason,
-            num_prompt_tokens=len(sequence.request.prompt_token_ids),
-            num_cached_tokens=0,
-            num_output_tokens=len(sequence.output_token_ids),
+            num_prompt_tokens=sequence.num_prompt_tokens,
+            num_cached_tokens=sequence.num_cached_tokens,
+            num_output_tokens=sequence.num_output_tokens,
         )

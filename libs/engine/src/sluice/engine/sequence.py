@@ -6,6 +6,7 @@ Only `IterationScheduler` writes these fields; everyone else reads outputs.
 import enum
 from dataclasses import dataclass, field
 
+from sluice.engine.block_hash import BlockHash, extend_block_hashes
 from sluice.engine.request import EngineRequest, FinishReason
 
 
@@ -15,34 +16,58 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(slots=True)
+# eq=False: sequences are compared by identity (queues remove them by it).
+@dataclass(slots=True, eq=False)
 class Sequence:
     request: EngineRequest
-    output_token_ids: list[int] = field(default_factory=list)
+    # Order of arrival at this engine: ranks sequences for the waiting line
+    # and for preemption (newest first), and never changes on re-admission.
+    arrival_index: int
+    block_size_tokens: int
+    # Prompt then outputs, one list so block hashing can slice it cheaply.
+    all_token_ids: list[int] = field(init=False)
+    # Hashes of every full block of all_token_ids (computed or not).
+    block_hashes: list[BlockHash] = field(default_factory=list)
     # Tokens whose K/V are in the cache. The sequence catches up to
     # num_tokens step by step; a decode is simply num_tokens - 1 computed.
     num_computed_tokens: int = 0
+    # Prompt tokens found in the prefix cache at first admission (billing).
+    num_cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.request.prompt_token_ids)
+        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
     @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.request.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
 
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
-        prompt = self.request.prompt_token_ids
-        if stop <= len(prompt):
-            return prompt[start:stop]
-        outputs = self.output_token_ids
-        head = prompt[start:] if start < len(prompt) else ()
-        tail_start = max(start - len(prompt), 0)
-        return tuple(head) + tuple(outputs[tail_start : stop - len(prompt)])
+        return tuple(self.all_token_ids[start:stop])
+
+    def append_output(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens)

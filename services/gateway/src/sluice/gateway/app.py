@@ -9,12 +9,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sluice.gateway.auth import Authenticator, StaticKeyAuthenticator
+from sluice.gateway.auth import KeyCache
+from sluice.gateway.background import BackgroundTasks
 from sluice.gateway.errors import ApiError
+from sluice.gateway.front_door import FrontDoor
 from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.openapi import openapi_document
+from sluice.gateway.resources import GatewayResources
 from sluice.gateway.router_client import RouterClient
-from sluice.gateway.routes import generation, health, models
+from sluice.gateway.routes import generation, health, models, usage
 from sluice.gateway.settings import GatewaySettings
 from sluice.gateway.state import GatewayState
 
@@ -24,31 +27,42 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
     return ApiError(error.status_code, str(error.detail), None).response()
 
 
-def create_app(settings: GatewaySettings, authenticator: Authenticator | None = None) -> Starlette:
+def create_app(settings: GatewaySettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        resources = await GatewayResources.open(settings)
+        keys = KeyCache(resources.keys, settings.key_refresh_interval_s, settings.dev_api_key, settings.dev_tenant)
+        await keys.start()
         router = RouterClient(settings.router_address)
+        background = BackgroundTasks()
         app.state.gateway = GatewayState(
             settings=settings,
             router=router,
-            authenticator=authenticator or StaticKeyAuthenticator(settings.dev_api_key, settings.dev_tenant),
+            authenticator=keys,
             metrics=GatewayMetrics.create(),
+            resources=resources,
+            front_door=FrontDoor(resources, settings),
+            background=background,
         )
         try:
             yield
         finally:
+            await background.drain(timeout_s=settings.shutdown_grace_s)
+            await keys.stop()
             await router.close()
+            await resources.close()
 
+    document = openapi_document()
     routes = [
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", models.retrieve_model, methods=["GET"]),
+        Route("/v1/usage", usage.usage, methods=["GET"]),
         Route("/healthz", health.healthz, methods=["GET"]),
         Route("/health", health.healthz, methods=["GET"]),
         Route("/readyz", health.readyz, methods=["GET"]),
         Route("/metrics", health.metrics, methods=["GET"]),
         Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
-    document = openapi_document()
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})

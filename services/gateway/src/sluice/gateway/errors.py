@@ -17,6 +17,7 @@ from sluice.rpc.errors import ServiceError
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",

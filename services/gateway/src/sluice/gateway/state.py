@@ -3,7 +3,10 @@
 from dataclasses import dataclass
 
 from sluice.gateway.auth import Authenticator
+from sluice.gateway.background import BackgroundTasks
+from sluice.gateway.front_door import FrontDoor
 from sluice.gateway.metrics import GatewayMetrics
+from sluice.gateway.resources import GatewayResources
 from sluice.gateway.router_client import RouterClient
 from sluice.gateway.settings import GatewaySettings
 
@@ -14,3 +17,6 @@ class GatewayState:
     router: RouterClient
     authenticator: Authenticator
     metrics: GatewayMetrics
+    resources: GatewayResources
+    front_door: FrontDoor
+    background: BackgroundTasks

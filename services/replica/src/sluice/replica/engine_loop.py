@@ -41,6 +41,11 @@ class EngineSnapshot:
     generated_tokens_total: int
     preemptions_total: int
     last_step_at_s: float
+    # Prefix cache, in tokens: looked up at each admission, and found cached.
+    prefix_cache_queried_tokens_total: int = 0
+    prefix_cache_hit_tokens_total: int = 0
+    # Free blocks that still hold a cached prefix (evicted LRU when needed).
+    cached_free_kv_blocks: int = 0
 
 
 class EngineLoop:
@@ -155,4 +160,7 @@ class EngineLoop:
             generated_tokens_total=self._generated_tokens_total,
             preemptions_total=self._core.num_preemptions_total,
             last_step_at_s=now_s,
+            prefix_cache_queried_tokens_total=blocks.prefix_cache_queried_tokens_total,
+            prefix_cache_hit_tokens_total=blocks.prefix_cache_hit_tokens_total,
+            cached_free_kv_blocks=blocks.num_cached_free_blocks,
         )

@@ -49,6 +49,8 @@ class ReplicaCollector(Collector):
         kv.add_metric([*values, "free"], s.free_kv_blocks)
         kv.add_metric([*values, "used"], s.total_kv_blocks - s.free_kv_blocks)
         yield kv
+        yield gauge("sluice_kv_cached_free_blocks", "Free KV blocks still holding a cached prefix",
+                    s.cached_free_kv_blocks)
         yield gauge("sluice_num_requests_running", "Sequences in the running batch", s.num_running)
         yield gauge("sluice_num_requests_waiting", "Sequences waiting for KV or budget", s.num_waiting)
         yield gauge("sluice_engine_step_time_seconds", "Moving average of one engine step", s.step_time_s)
@@ -56,6 +58,11 @@ class ReplicaCollector(Collector):
         yield counter("sluice_engine_steps", "Engine steps run", s.steps_total)
         yield counter("sluice_replica_generation_tokens", "Tokens sampled on this replica", s.generated_tokens_total)
         yield counter("sluice_num_preemptions", "Sequences preempted by recompute", s.preemptions_total)
+        # Tokens, as vLLM counts them: hit rate = hits / queries.
+        yield counter("sluice_prefix_cache_queries", "Tokens looked up in the prefix cache at admission",
+                      s.prefix_cache_queried_tokens_total)
+        yield counter("sluice_prefix_cache_hits", "Tokens found in the prefix cache at admission",
+                      s.prefix_cache_hit_tokens_total)
         yield counter("sluice_replica_requests_cancelled", "Requests whose caller went away", self._counters.cancelled_total)
 
 

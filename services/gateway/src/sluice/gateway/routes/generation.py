@@ -1,16 +1,19 @@
 """POST /v1/chat/completions and POST /v1/completions.
 
-Both go the same way: authenticate, validate, pre-check size, open the
+Both go the same way: authenticate, validate, pre-check size, pass the
+front door (idempotency key, concurrency cap, token buckets), open the
 router stream and wait for its first event (so a refusal is a clean HTTP
-status), then either stream SSE or collect one JSON body. A client that
-goes away cancels the router call, which cancels the replica call.
+status), then stream SSE or collect one JSON body. The usage row is made
+durable before the client hears that the stream finished. A client that
+goes away cancels the router call, which cancels the replica call, and the
+attempt is recorded unbilled.
 """
 
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import grpc
 from starlette.requests import Request
@@ -19,16 +22,23 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from sluice.gateway import sse
 from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError, from_service_error
+from sluice.gateway.front_door import Outcome, StoredResponse, Ticket, idempotency_key_from
 from sluice.gateway.heartbeat import with_heartbeat
 from sluice.gateway.openai_format import FINISH_REASONS, ResponseFormat, usage_body
+from sluice.gateway.replay import replay_response
 from sluice.gateway.router_client import OpenedStream
 from sluice.gateway.schemas import ChatCompletionRequest, CompletionRequest, parse_body, read_json_body
 from sluice.gateway.state import GatewayState
 from sluice.gateway.translate import generate_request
+from sluice.limits import estimate_tokens
 from sluice.rpc.errors import ServiceError, from_rpc_error
-from sluice.v1 import common_pb2
+from sluice.v1 import common_pb2, router_pb2
 
 log = logging.getLogger(__name__)
+
+# Output bound assumed for the bucket estimate when max_tokens is omitted;
+# settling with the exact count corrects it when the request ends.
+UNBOUNDED_OUTPUT_ESTIMATE_TOKENS = 512
 
 
 async def chat_completions(request: Request) -> Response:
@@ -39,10 +49,43 @@ async def completions(request: Request) -> Response:
     return await _generate(request, CompletionRequest)
 
 
+@dataclass(slots=True)
+class Progress:
+    """What one response has produced so far (for billing and replay)."""
+
+    fmt: ResponseFormat
+    prompt_tokens: int
+    keep_text: bool
+    output_tokens: int = 0
+    parts: list[str] = field(default_factory=list)
+
+    def add(self, delta: router_pb2.Delta) -> None:
+        self.output_tokens += len(delta.token_ids)
+        if self.keep_text:
+            self.parts.append(delta.text)
+
+    def finished(self, finished: router_pb2.Finished, replayable: bool) -> Outcome:
+        usage = finished.usage
+        reason = FINISH_REASONS.get(finished.finish_reason, "stop")
+        replay = None
+        if replayable:
+            replay = StoredResponse(
+                self.fmt.response_id, self.fmt.created_unix_s, self.fmt.model, self.fmt.model_version,
+                "".join(self.parts), reason, usage.prompt_tokens, usage.cached_prompt_tokens, usage.output_tokens,
+            )
+        return Outcome(self.fmt.model, self.fmt.model_version, usage.prompt_tokens, usage.cached_prompt_tokens,
+                       usage.output_tokens, reason, replay=replay)
+
+    def unfinished(self, failed: bool) -> Outcome:
+        return Outcome(self.fmt.model, self.fmt.model_version, self.prompt_tokens, 0, self.output_tokens, None,
+                       failed=failed)
+
+
 async def _generate(request: Request, body_model: type[ChatCompletionRequest] | type[CompletionRequest]) -> Response:
     state: GatewayState = request.app.state.gateway
     arrived_s = time.monotonic()
     model = "unknown"
+    chat = body_model is ChatCompletionRequest
     try:
         tenant = authenticate(request, state.authenticator)
         body = parse_body(body_model, await read_json_body(request, state.settings.max_body_bytes))
@@ -52,47 +95,58 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
                 400, f"The prompt is over {state.settings.max_prompt_chars} characters, more than any "
                 "model here can take.", "context_length_exceeded", param="messages",
             )
-        request_id = uuid.uuid4().hex
-        routed = generate_request(body, tenant, request_id, state.settings.default_max_tokens)
+        key = idempotency_key_from(request.headers.get("idempotency-key"))
+        estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
+        admitted = await state.front_door.admit(tenant, key, estimate)
+        if isinstance(admitted, StoredResponse):
+            state.metrics.requests_total.labels(model, "200", "replayed").inc()
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return replay_response(admitted, chat, body.stream, include_usage)
+        ticket = admitted
+        routed = generate_request(body, tenant, ticket.request_id, state.settings.default_max_tokens)
         try:
             opened = await state.router.open_stream(routed)
-        except ServiceError as error:
-            raise from_service_error(error) from None
+        except BaseException as error:
+            state.background.spawn(state.front_door.finish(ticket, None))
+            if isinstance(error, ServiceError):
+                raise from_service_error(error) from None
+            raise
     except ApiError as error:
         state.metrics.requests_total.labels(model, str(error.status), error.code or "error").inc()
         return error.response()
 
-    admitted = opened.first_event.admitted
-    fmt = ResponseFormat.for_request(request_id, body.model, admitted.model_version, body_model is ChatCompletionRequest)
+    admitted_event = opened.first_event.admitted
+    fmt = ResponseFormat.for_request(ticket.request_id, body.model, admitted_event.model_version, chat)
+    # Text is kept for a non-streamed body, and for replay of idempotent requests.
+    progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream)
     if body.stream:
         options = body.stream_options
         relay = _sse_events(
-            state, opened, fmt, arrived_s,
+            state, ticket, opened, progress, arrived_s,
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
-            prompt_tokens=admitted.prompt_tokens,
         )
         return StreamingResponse(
             relay, media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await _collect(request, state, opened, fmt, arrived_s)
+    return await _collect(request, state, ticket, opened, progress, arrived_s)
 
 
 async def _sse_events(
     state: GatewayState,
+    ticket: Ticket,
     opened: OpenedStream,
-    fmt: ResponseFormat,
+    progress: Progress,
     arrived_s: float,
     *,
     include_usage: bool,
     continuous_usage: bool,
-    prompt_tokens: int,
 ) -> AsyncIterator[bytes]:
+    fmt = progress.fmt
     state.metrics.streams_active.inc()
     outcome = "cancelled"
     first_token = True
-    output_tokens = 0
     try:
         yield sse.event(fmt.chunk("", None, first=True))
         async for event in with_heartbeat(opened.rest, state.settings.keepalive_interval_s):
@@ -101,7 +155,7 @@ async def _sse_events(
                 continue
             kind = event.WhichOneof("event")
             if kind == "delta":
-                output_tokens += len(event.delta.token_ids)
+                progress.add(event.delta)
                 if not event.delta.text and not continuous_usage:
                     continue
                 if first_token:
@@ -109,17 +163,19 @@ async def _sse_events(
                     state.metrics.time_to_first_token_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
                 chunk = fmt.chunk(event.delta.text, None)
                 if continuous_usage:
-                    chunk["usage"] = usage_body(common_pb2.Usage(prompt_tokens=prompt_tokens, output_tokens=output_tokens))
+                    chunk["usage"] = usage_body(common_pb2.Usage(
+                        prompt_tokens=progress.prompt_tokens, output_tokens=progress.output_tokens))
                 yield sse.event(chunk)
             elif kind == "finished":
                 finished = event.finished
+                await state.front_door.finish(ticket, progress.finished(finished, ticket.owner is not None))
+                outcome = "finished"
                 chunk = fmt.chunk(None, FINISH_REASONS.get(finished.finish_reason, "stop"))
                 if continuous_usage:
                     chunk["usage"] = usage_body(finished.usage)
                 yield sse.event(chunk)
                 if include_usage:
                     yield sse.event(fmt.usage_chunk(finished.usage))
-                outcome = "finished"
                 break
             elif kind == "error":
                 outcome = "error"
@@ -135,17 +191,20 @@ async def _sse_events(
         # Reached on normal end and on cancellation (the client went away):
         # cancelling the router call propagates to the replica.
         opened.call.cancel()
+        if not ticket.finished:
+            state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=outcome == "error")))
         state.metrics.streams_active.dec()
         state.metrics.requests_total.labels(fmt.model, "200", outcome).inc()
         state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
 
 
 async def _collect(
-    request: Request, state: GatewayState, opened: OpenedStream, fmt: ResponseFormat, arrived_s: float
+    request: Request, state: GatewayState, ticket: Ticket, opened: OpenedStream, progress: Progress, arrived_s: float
 ) -> Response:
     """Non-streaming: gather the whole answer, but still stop the replica's
     work if the client disconnects while waiting."""
-    collector = asyncio.create_task(_gather(opened))
+    fmt = progress.fmt
+    collector = asyncio.create_task(_gather(opened, progress))
     disconnect = asyncio.create_task(_wait_for_disconnect(request))
     try:
         done, _ = await asyncio.wait({collector, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -155,28 +214,30 @@ async def _collect(
             collector.cancel()
             opened.call.cancel()
     if collector not in done:
+        state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=False)))
         state.metrics.requests_total.labels(fmt.model, "499", "cancelled").inc()
         return Response(status_code=499)
     try:
-        text, finished = collector.result()
+        finished = collector.result()
     except ApiError as error:
+        state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=True)))
         state.metrics.requests_total.labels(fmt.model, str(error.status), error.code or "error").inc()
         return error.response()
+    await state.front_door.finish(ticket, progress.finished(finished, ticket.owner is not None))
     state.metrics.requests_total.labels(fmt.model, "200", "finished").inc()
     state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
     reason = FINISH_REASONS.get(finished.finish_reason, "stop")
-    return JSONResponse(fmt.full_response(text, reason, finished.usage))
+    return JSONResponse(fmt.full_response("".join(progress.parts), reason, finished.usage))
 
 
-async def _gather(opened: OpenedStream):
-    parts: list[str] = []
+async def _gather(opened: OpenedStream, progress: Progress) -> router_pb2.Finished:
     try:
         async for event in opened.rest:
             kind = event.WhichOneof("event")
             if kind == "delta":
-                parts.append(event.delta.text)
+                progress.add(event.delta)
             elif kind == "finished":
-                return "".join(parts), event.finished
+                return event.finished
             elif kind == "error":
                 raise ApiError(500, event.error.message, event.error.code)
     except grpc.aio.AioRpcError as error:

@@ -1,0 +1,71 @@
+"""GET /v1/usage?start=&end=&group_by=model|day[&tenant=]
+
+Totals from the usage ledger for the caller's tenant; an admin key may ask
+for another tenant (or every tenant with `tenant=*`). Times are unix
+seconds or ISO 8601; the range is [start, end). Rows reach the ledger
+through the gateway's outbox, normally within a fraction of a second.
+"""
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from sluice.gateway.auth import authenticate
+from sluice.gateway.errors import ApiError
+from sluice.gateway.state import GatewayState
+
+DEFAULT_WINDOW = timedelta(days=30)
+GROUPINGS = {None, "model", "day"}
+
+
+def _instant(raw: str | None, name: str, default: datetime) -> datetime:
+    if raw is None or raw == "":
+        return default
+    try:
+        if raw.replace(".", "", 1).isdigit():
+            return datetime.fromtimestamp(float(raw), UTC)
+        parsed = datetime.fromisoformat(raw)
+    except (ValueError, OverflowError, OSError):
+        raise ApiError(400, f"'{name}' must be unix seconds or an ISO 8601 time.", "invalid_request", param=name)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+async def usage(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    try:
+        tenant = authenticate(request, state.authenticator)
+        now = datetime.now(UTC)
+        params = request.query_params
+        end = _instant(params.get("end"), "end", now)
+        start = _instant(params.get("start"), "start", end - DEFAULT_WINDOW)
+        if start > end:
+            raise ApiError(400, "'start' must not be after 'end'.", "invalid_request", param="start")
+        group_by = params.get("group_by") or None
+        if group_by not in GROUPINGS:
+            raise ApiError(400, "'group_by' must be 'model' or 'day'.", "invalid_request", param="group_by")
+        asked = params.get("tenant")
+        if asked is not None and asked != tenant.name and not tenant.is_admin:
+            raise ApiError(403, "Only an admin key may read another tenant's usage.", "permission_denied",
+                           param="tenant")
+        scope = None if asked == "*" else (asked or tenant.name)
+    except ApiError as error:
+        return error.response()
+    rows = await asyncio.to_thread(state.resources.ledger.usage_summary, scope, start, end, group_by)
+    data = [
+        {
+            "object": "usage.bucket",
+            "tenant": row.tenant if scope is None else scope,
+            "model": row.model,
+            "day": row.day.isoformat() if row.day else None,
+            "requests": row.requests,
+            "prompt_tokens": row.prompt_tokens,
+            "cached_tokens": row.cached_tokens,
+            "completion_tokens": row.output_tokens,
+            "total_tokens": row.prompt_tokens + row.output_tokens,
+        }
+        for row in rows
+    ]
+    return JSONResponse({"object": "list", "tenant": scope or "*", "start": int(start.timestamp()),
+                         "end": int(end.timestamp()), "group_by": group_by, "data": data})
