@@ -75,3 +75,55 @@ def test_completions_endpoint_streams_text(client):
 
 def test_models_lists_the_served_alias(client):
     assert [m.id for m in client.models.list()] == ["tiny-llama"]
+
+
+def test_stop_string_cuts_the_text_and_ends_with_stop(client):
+    kwargs = dict(model="tiny-llama", messages=MESSAGES, temperature=0, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(max_tokens=40, **kwargs).choices[0].message.content
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert len(stop) == 3
+    expected = full[: full.find(stop)]
+    cut = client.chat.completions.create(max_tokens=40, stop=[stop, "\u2603never"], **kwargs)
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == expected
+    assert cut.usage.completion_tokens < 40
+    streamed = client.chat.completions.create(max_tokens=40, stop=stop, stream=True, **kwargs)
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_max_completion_tokens_and_continuous_usage(client):
+    stream = client.chat.completions.create(
+        model="tiny-llama", messages=MESSAGES, max_completion_tokens=6, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    counts = [c.usage.completion_tokens for c in chunks if c.usage is not None]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert len(counts) >= 6  # usage on every content chunk, not only the last
+
+
+def test_seeded_sampling_is_reproducible(client):
+    kwargs = dict(model="tiny-llama", messages=MESSAGES, max_tokens=16, temperature=1.0, top_p=0.9, seed=1234,
+                  extra_body={"ignore_eos": True, "top_k": 50})
+    first = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert client.chat.completions.create(**kwargs).choices[0].message.content == first
+
+
+def test_min_tokens_and_content_parts(client):
+    result = client.chat.completions.create(
+        model="tiny-llama", max_tokens=5,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there"}]}],
+        extra_body={"min_tokens": 5},
+    )
+    assert result.usage.completion_tokens == 5
+
+
+def test_completions_stream(client):
+    chunks = list(client.completions.create(model="tiny-llama", prompt="import os\n", max_tokens=4, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 4
+    assert all(c.object == "text_completion" for c in chunks)

@@ -48,6 +48,8 @@ class LocalStack:
     api_key: str = "sk-sluice-dev"
     extra_env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
+    services: tuple[str, ...] = SERVICES  # a subset leaves the rest out (e.g. no replica)
+    cwd: Path | None = None  # where embedded defaults (.sluice/ledger.db) land
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -80,11 +82,12 @@ class LocalStack:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for service in SERVICES:
+        for service in self.services:
             log = open(self.log_dir / f"{service}.log", "wb")
             self.processes[service] = subprocess.Popen(
                 [self.python, "-m", f"sluice.{service}"],
                 env=self.environment(service),
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C in a terminal reaches us, not them
@@ -101,6 +104,20 @@ class LocalStack:
                     return
                 time.sleep(0.2)
         raise TimeoutError(f"stack not ready in {timeout_s}s; logs in {self.log_dir}")
+
+    def wait_alive(self, timeout_s: float = 60.0) -> None:
+        """Until the gateway answers /healthz (whatever is behind it)."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                self.check_alive()
+                try:
+                    if client.get(self.gateway_url + "/healthz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+        raise TimeoutError(f"gateway not up in {timeout_s}s; logs in {self.log_dir}")
 
     def _ready(self, client: httpx.Client) -> bool:
         try:

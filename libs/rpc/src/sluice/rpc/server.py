@@ -55,9 +55,14 @@ class HealthServer:
         return port
 
     async def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in self._service_names:
-            await self._health.set(name, status)
+            await self.set_status(name, serving)
+
+    async def set_status(self, name: str, serving: bool) -> None:
+        """Report one health name, e.g. a readiness condition beyond "the
+        process answers" (see readiness names in sluice.rpc.health_names)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        await self._health.set(name, status)
 
     async def stop(self, grace_s: float) -> None:
         await self._health.enter_graceful_shutdown()

@@ -7,6 +7,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.rpc.channels import insecure_channel
+from sluice.rpc.health_names import ROUTER_HAS_ROUTE
 from sluice.rpc.errors import ServiceError, from_rpc_error
 from sluice.v1 import router_pb2, router_pb2_grpc
 
@@ -48,9 +49,10 @@ class RouterClient:
         except grpc.aio.AioRpcError as error:
             raise from_rpc_error(error) from None
 
-    async def is_serving(self) -> bool:
+    async def has_route(self) -> bool:
+        """The router is up, placing, and the scheduler has a ready replica."""
         try:
-            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+            reply = await self._health.Check(health_pb2.HealthCheckRequest(service=ROUTER_HAS_ROUTE), timeout=2.0)
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -5,6 +5,8 @@ import logging
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from sluice.config import configure_logging
@@ -16,6 +18,8 @@ from sluice.router.relay import Relay
 from sluice.router.replica_channels import ReplicaChannels
 from sluice.router.servicer import RouterServicer
 from sluice.router.settings import RouterSettings
+from sluice.rpc.channels import insecure_channel
+from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.v1 import router_pb2, router_pb2_grpc
 
@@ -45,12 +49,36 @@ async def serve(settings: RouterSettings) -> None:
     )
     placement.start()
     port = await server.start(settings.router_address)
+    readiness = asyncio.create_task(_report_readiness(server, placement, settings.scheduler_address))
     log.info("router serving on port %d; models %s", port, sorted(models.aliases))
     await wait_for_stop_signal()
     log.info("stopping")
+    readiness.cancel()
     await server.stop(settings.shutdown_grace_s)
     await placement.stop()
     await replicas.close()
+
+
+async def _report_readiness(
+    server: HealthServer, placement: PlacementClient, scheduler_address: str, interval_s: float = 0.5
+) -> None:
+    """ROUTER_HAS_ROUTE follows the placement stream and the scheduler's
+    ready-replica condition; the gateway's /readyz asks for it."""
+    channel = insecure_channel(scheduler_address)
+    health = health_pb2_grpc.HealthStub(channel)
+    try:
+        while True:
+            try:
+                reply = await health.Check(
+                    health_pb2.HealthCheckRequest(service=SCHEDULER_HAS_READY_REPLICA), timeout=2.0
+                )
+                has_replica = reply.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.aio.AioRpcError:
+                has_replica = False
+            await server.set_status(ROUTER_HAS_ROUTE, placement.connected and has_replica)
+            await asyncio.sleep(interval_s)
+    finally:
+        await channel.close()
 
 
 def main() -> None:

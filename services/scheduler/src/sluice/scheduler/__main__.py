@@ -6,6 +6,7 @@ import logging
 from prometheus_client import start_http_server
 
 from sluice.config import configure_logging
+from sluice.rpc.health_names import SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.scheduler.metrics import SchedulerMetrics
 from sluice.scheduler.replica_watch import ReplicaWatcher
@@ -29,11 +30,19 @@ async def serve(settings: SchedulerSettings) -> None:
     )
     watcher.start()
     port = await server.start(settings.scheduler_address)
+    readiness = asyncio.create_task(_report_readiness(server, watcher))
     log.info("scheduler serving on port %d, watching %s", port, settings.replica_address_list())
     await wait_for_stop_signal()
     log.info("stopping")
+    readiness.cancel()
     await server.stop(settings.shutdown_grace_s)
     await watcher.stop()
+
+
+async def _report_readiness(server: HealthServer, watcher: ReplicaWatcher, interval_s: float = 0.25) -> None:
+    while True:
+        await server.set_status(SCHEDULER_HAS_READY_REPLICA, any(view.ready for view in watcher.views()))
+        await asyncio.sleep(interval_s)
 
 
 def main() -> None:

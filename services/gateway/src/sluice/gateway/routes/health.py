@@ -14,11 +14,12 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready only when the router answers and reports serving."""
+    """Ready only when a route to a replica exists: the router answers, its
+    placement stream is open and the scheduler sees a ready replica."""
     state: GatewayState = request.app.state.gateway
-    if await state.router.is_serving():
+    if await state.router.has_route():
         return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "router unavailable"}, status_code=503)
+    return JSONResponse({"status": "no route to a ready replica"}, status_code=503)
 
 
 async def metrics(request: Request) -> Response:
