@@ -38,6 +38,7 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, stack_
             "SLUICE_REDIS_KEY_PREFIX": f"sluice-test-{uuid.uuid4().hex[:8]}",
             "SLUICE_DATABASE_URL": stack_database_url,
             "SLUICE_OUTBOX_PATH": str(log_dir / "outbox.db"),
+            "SLUICE_INTERACTIVE_MAX_PROMPT_TOKENS": "2048",  # below the 4096 context, so tests can tell them apart
         },
     )
     local.start()

@@ -58,3 +58,23 @@ def test_malformed_json_and_oversized_bodies(stack):
     response = httpx.post(url, content=b"x" * (9 * 1024 * 1024), headers=headers)
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_interactive_prompt_cap_is_below_the_context_and_flex_may_exceed_it(client):
+    long_prompt = [{"role": "user", "content": "word " * 2500}]  # ~2.5K tokens: over the cap, under the context
+    with pytest.raises(openai.BadRequestError) as error:
+        _chat(client, messages=long_prompt)
+    assert error.value.code == "context_length_exceeded"
+    assert "interactive" in error.value.message
+    result = _chat(client, messages=long_prompt, service_tier="flex", max_tokens=1)
+    assert result.usage.prompt_tokens > 2048
+
+
+def test_absurd_prompts_are_refused_at_the_gateway_before_tokenizing(stack, client):
+    from integration.conftest import metric, scrape
+
+    before = metric(scrape(stack.metrics_url("router")), "sluice_router_requests_total")
+    with pytest.raises(openai.BadRequestError) as error:
+        _chat(client, messages=[{"role": "user", "content": "x" * 2_000_001}])
+    assert error.value.code == "context_length_exceeded"
+    assert metric(scrape(stack.metrics_url("router")), "sluice_router_requests_total") == before

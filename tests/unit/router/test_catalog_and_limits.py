@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from sluice.router.catalog import ModelAliasSpec, ModelVersionSpec, load_catalog, pick_version
-from sluice.router.limits import output_budget_tokens
+from sluice.router.limits import check_class_prompt_cap, output_budget_tokens
 from sluice.rpc.errors import ServiceError
 
 
@@ -40,3 +40,11 @@ def test_output_budget():
             output_budget_tokens(prompt, requested, 4096)
         assert refused.value.info.status == grpc.StatusCode.INVALID_ARGUMENT
         assert refused.value.info.reason == "context_length_exceeded"
+
+
+def test_class_prompt_cap():
+    check_class_prompt_cap(500, 0, "interactive")  # no cap
+    check_class_prompt_cap(500, 500, "interactive")
+    with pytest.raises(ServiceError) as refused:
+        check_class_prompt_cap(501, 500, "interactive")
+    assert refused.value.info.reason == "context_length_exceeded"

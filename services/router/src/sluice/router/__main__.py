@@ -21,7 +21,7 @@ from sluice.router.settings import RouterSettings
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
-from sluice.v1 import router_pb2, router_pb2_grpc
+from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 log = logging.getLogger("sluice.router")
 
@@ -41,7 +41,12 @@ async def serve(settings: RouterSettings) -> None:
     models = build_registry(settings)
     placement = PlacementClient(settings.scheduler_address)
     replicas = ReplicaChannels()
-    relay = Relay(models, placement, replicas, metrics, settings.placement_timeout_s)
+    caps = {
+        common_pb2.SERVICE_CLASS_UNSPECIFIED: settings.interactive_max_prompt_tokens,
+        common_pb2.SERVICE_CLASS_INTERACTIVE: settings.interactive_max_prompt_tokens,
+        common_pb2.SERVICE_CLASS_BATCH: settings.batch_max_prompt_tokens,
+    }
+    relay = Relay(models, placement, replicas, metrics, settings.placement_timeout_s, caps)
     servicer = RouterServicer(relay, models)
     server = HealthServer(
         [router_pb2.DESCRIPTOR.services_by_name["Router"].full_name],

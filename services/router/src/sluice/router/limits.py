@@ -27,3 +27,14 @@ def output_budget_tokens(prompt_tokens: int, requested_output_tokens: int, conte
             f"{requested_output_tokens} asked for the completion). Shorten the messages or lower max_tokens.",
         )
     return requested_output_tokens
+
+
+def check_class_prompt_cap(prompt_tokens: int, cap_tokens: int, class_name: str) -> None:
+    """A class's prompt cap (0 = none) is refused like the context limit."""
+    if cap_tokens and prompt_tokens > cap_tokens:
+        raise ServiceError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "context_length_exceeded",
+            f"The prompt is {prompt_tokens} tokens; {class_name} requests take at most {cap_tokens}. "
+            "Shorten the messages or send it with service_tier=flex.",
+        )

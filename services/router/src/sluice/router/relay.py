@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from sluice.router.limits import output_budget_tokens
+from sluice.router.limits import check_class_prompt_cap, output_budget_tokens
 from sluice.router.metrics import RouterMetrics
 from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
@@ -60,12 +60,15 @@ class Relay:
         replicas: ReplicaChannels,
         metrics: RouterMetrics,
         placement_timeout_s: float,
+        prompt_caps_tokens: dict[int, int] | None = None,
     ) -> None:
         self._models = models
         self._placement = placement
         self._replicas = replicas
         self._metrics = metrics
         self._placement_timeout_s = placement_timeout_s
+        # service class -> prompt cap in tokens (0 = the model's context)
+        self._prompt_caps_tokens = prompt_caps_tokens or {}
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
@@ -73,6 +76,10 @@ class Relay:
             version = self._models.resolve(alias, request.request_id)
             # Tokenizing a long prompt takes milliseconds: keep the loop free.
             prompt_ids = await asyncio.to_thread(tokenize, version, request)
+            check_class_prompt_cap(
+                len(prompt_ids), self._prompt_caps_tokens.get(request.service_class, 0),
+                "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive",
+            )
             max_output = output_budget_tokens(
                 len(prompt_ids), request.max_output_tokens, version.context_length_tokens
             )

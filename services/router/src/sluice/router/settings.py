@@ -9,4 +9,8 @@ class RouterSettings(SluiceSettings):
         description="JSON model catalog (aliases, versions, rollout weights); unset = the single "
         "SLUICE_MODEL_NAME/VERSION/DIR model",
     )
+    # Per-class prompt caps, below the model's context: interactive calls
+    # with enormous prompts would wreck the latency SLO of everyone else.
+    interactive_max_prompt_tokens: int = Field(0, ge=0, description="0 = the model's context")
+    batch_max_prompt_tokens: int = Field(0, ge=0, description="0 = the model's context")
     placement_timeout_s: float = Field(30.0, gt=0, description="how long a request may wait for a placement")
