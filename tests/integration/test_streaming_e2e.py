@@ -127,3 +127,13 @@ def test_completions_stream(client):
                                             extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 4
     assert all(c.object == "text_completion" for c in chunks)
+
+
+async def test_async_client_non_streaming(stack):
+    client = openai.AsyncOpenAI(base_url=stack.gateway_url + "/v1", api_key=stack.api_key, max_retries=0)
+    result = await client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=4,
+                                                  extra_body={"ignore_eos": True})
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage.completion_tokens == 4
+    assert result.usage.prompt_tokens_details.cached_tokens == 0
+    await client.close()
