@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_harness import build, greedy_request, run_to_completion  # noqa: E402
+from engine_harness import build, greedy_request, run_to_completion, tune_process  # noqa: E402
 
 BATCH, PROMPT, OUTPUT = 64, 128, 128
 
@@ -55,6 +55,7 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=Path(".sluice/models/tiny-llama"))
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    tune_process()  # before either side runs: the HF baseline gets the same allocator
     torch.manual_seed(0)
     vocab = json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
     batch = prompts(vocab)

@@ -10,7 +10,8 @@ import torch
 from sluice.engine.block_manager import BlockManager
 from sluice.engine.request import EngineRequest, StopPolicy
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
-from sluice.model.attention import default_backend
+from sluice.model.attention import default_backend, preferred_kv_layout
+from sluice.model.cpu_tuning import tune_cpu_allocator
 from sluice.model.kv_cache import allocate_kv_caches
 from sluice.model.loader import load_llama
 from sluice.model.runner import ModelRunner
@@ -31,10 +32,18 @@ class RunStats:
         return self.output_tokens / self.wall_s
 
 
+def tune_process() -> None:
+    """The replica's CPU start-up tuning (sluice.model.cpu_tuning), for a bench
+    process: call first, so every side measured in the process shares it."""
+    tune_cpu_allocator()
+
+
 def build(model_dir: Path, *, num_blocks: int = 4096, block_size: int = 16, budget: int = 512,
           max_seqs: int = 128) -> tuple[IterationScheduler, StepExecutor]:
-    model = load_llama(model_dir, dtype=torch.float32, attention_backend=default_backend(torch.device("cpu")))
-    caches = allocate_kv_caches(model.config, num_blocks, block_size, torch.float32, "cpu")
+    cpu = torch.device("cpu")
+    model = load_llama(model_dir, dtype=torch.float32, attention_backend=default_backend(cpu))
+    caches = allocate_kv_caches(model.config, num_blocks, block_size, torch.float32, cpu,
+                                layout=preferred_kv_layout(cpu))
     core = IterationScheduler(
         SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
                         max_model_len_tokens=model.config.max_position_embeddings),

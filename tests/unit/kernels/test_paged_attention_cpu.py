@@ -1,23 +1,65 @@
-"""The vectorised CPU path computes what the reference computes."""
+"""The vectorised CPU path computes what the reference computes, for both
+physical KV layouts behind the logical [num_blocks, block_size, kv_heads, head_dim] shape."""
 
 import pytest
 import torch
 
-from sluice.kernels.paged_attention_cpu import paged_attention_cpu
+from sluice.kernels.paged_attention_cpu import (
+    _length_groups,
+    head_major_storage,
+    paged_attention_cpu,
+    write_kv_cpu,
+)
 from sluice.kernels.paged_attention_reference import paged_attention, write_kv
 
 # fp32 throughout; the two differ only in summation order (batched matmul
 # and fused SDPA vs per-head matmuls), which moves results by ~1e-6.
 ATOL = 1e-5
+LAYOUTS = ["block_major", "head_major"]
 
 
+def as_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same logical cache, stored block-major (contiguous) or head-major."""
+    if layout == "block_major":
+        return cache.clone()
+    storage = cache.permute(2, 0, 1, 3).contiguous()  # [kv_heads, num_blocks, block_size, head_dim]
+    return storage.permute(1, 2, 0, 3)
+
+
+def test_head_major_storage_is_recognised():
+    cache = torch.zeros(6, 16, 4, 8)
+    assert head_major_storage(cache) is None
+    storage = head_major_storage(as_layout(cache, "head_major"))
+    assert storage is not None and storage.shape == (4, 6, 16, 8) and storage.is_contiguous()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_write_kv_cpu_matches_reference(layout):
+    torch.manual_seed(0)
+    key_cache = torch.randn(8, 4, 2, 16)
+    value_cache = torch.randn_like(key_cache)
+    key, value = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+    slots = torch.tensor([3, 17, -1, 30, 0])  # -1: a padding row, skipped
+    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, layout)
+    write_kv(key, value, key_cache, value_cache, slots)
+    write_kv_cpu(key, value, ours_k, ours_v, slots)
+    assert torch.equal(ours_k, key_cache) and torch.equal(ours_v, value_cache)
+    if layout == "head_major":  # written in place, layout kept
+        assert head_major_storage(ours_k) is not None
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("heads,kv_heads", [(8, 4), (4, 4), (8, 1)])
-def test_ragged_mixed_batch_matches_reference(block_size, heads, kv_heads):
+@pytest.mark.parametrize("decode_only", [False, True])
+def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, decode_only):
     torch.manual_seed(block_size + heads + kv_heads)
     head_dim, num_blocks = 32, 64
     # (tokens already cached, tokens this step): decodes, a fresh prefill, a mid-context chunk.
     shapes = [(40, 1), (0, 23), (17, 1), (33, 9), (block_size - 1, 1), (0, 1)]
+    if decode_only:
+        # One long context among short ones: gathered in its own length group.
+        shapes = [s for s in shapes if s[1] == 1] + [(70, 1), (600, 1)]
     key_cache = torch.zeros(num_blocks, block_size, kv_heads, head_dim)
     value_cache = torch.zeros_like(key_cache)
     free = list(torch.randperm(num_blocks).tolist())
@@ -38,8 +80,18 @@ def test_ragged_mixed_batch_matches_reference(block_size, heads, kv_heads):
     num_tokens = sum(q_lens)
     query = torch.randn(num_tokens, heads, head_dim)
     key, value = torch.randn(num_tokens, kv_heads, head_dim), torch.randn(num_tokens, kv_heads, head_dim)
+    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, layout)
     write_kv(key, value, key_cache, value_cache, torch.tensor(slots))
+    write_kv_cpu(key, value, ours_k, ours_v, torch.tensor(slots))
     query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    args = (query, key_cache, value_cache, block_tables, torch.tensor(seq_lens, dtype=torch.int32),
-            query_start_loc, head_dim**-0.5)
-    torch.testing.assert_close(paged_attention_cpu(*args), paged_attention(*args), atol=ATOL, rtol=0)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    expected = paged_attention(query, key_cache, value_cache, block_tables, lens, query_start_loc, head_dim**-0.5)
+    got = paged_attention_cpu(query, ours_k, ours_v, block_tables, lens, query_start_loc, head_dim**-0.5)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_decode_length_groups_bound_padding():
+    lens = {0: 40, 1: 4000, 2: 17, 3: 130, 4: 300, 5: 3900}
+    groups = _length_groups(list(lens), [lens[i] for i in range(6)], block_size=16)
+    assert groups == [[2, 0, 3], [4], [5, 1]]
+    assert sorted(i for g in groups for i in g) == list(range(6))

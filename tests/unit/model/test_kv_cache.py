@@ -24,3 +24,16 @@ def test_allocate_one_cache_per_layer(make_config):
         assert c.key_cache.dtype == torch.float16
         assert c.key_cache.data_ptr() != c.value_cache.data_ptr()
         assert c.num_blocks == 5 and c.block_size == 16
+
+
+def test_head_major_layout_keeps_the_logical_shape(make_config):
+    from sluice.model import KVLayout
+
+    config = make_config()
+    caches = allocate_kv_caches(config, num_blocks=5, block_size=16, dtype=torch.float32, device="cpu",
+                                layout=KVLayout.HEAD_MAJOR)
+    c = caches[0]
+    assert c.key_cache.shape == (5, 16, 2, 16) and c.num_blocks == 5 and c.block_size == 16
+    assert c.layout is KVLayout.HEAD_MAJOR
+    assert c.key_cache.permute(2, 0, 1, 3).is_contiguous()  # storage [kv_heads, blocks, block_size, head_dim]
+    assert allocate_kv_caches(config, 5, 16, torch.float32, "cpu")[0].layout is KVLayout.BLOCK_MAJOR

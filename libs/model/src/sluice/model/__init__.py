@@ -2,7 +2,7 @@
 
 from sluice.model.attention import AttentionBackend, AttentionMetadata, reference_attention
 from sluice.model.config import LlamaConfig, RopeScaling
-from sluice.model.kv_cache import KVCache, allocate_kv_caches, kv_bytes_per_token
+from sluice.model.kv_cache import KVCache, KVLayout, allocate_kv_caches, kv_bytes_per_token
 from sluice.model.llama import LlamaModel
 from sluice.model.loader import CheckpointError, load_config, load_llama
 from sluice.model.runner import ModelInput, ModelOutput, ModelRunner, SequenceInput
@@ -13,6 +13,7 @@ __all__ = [
     "AttentionMetadata",
     "CheckpointError",
     "KVCache",
+    "KVLayout",
     "LlamaConfig",
     "LlamaModel",
     "ModelInput",

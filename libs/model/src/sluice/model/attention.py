@@ -14,8 +14,8 @@ from typing import Protocol
 import torch
 
 from sluice.kernels import paged_attention, write_kv
-from sluice.kernels.paged_attention_cpu import paged_attention_cpu
-from sluice.model.kv_cache import KVCache
+from sluice.kernels.paged_attention_cpu import paged_attention_cpu, write_kv_cpu
+from sluice.model.kv_cache import KVCache, KVLayout
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,7 +63,10 @@ def reference_attention(
     attn: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Torch reference backend: write K/V, then paged attention over the cache."""
+    """Torch reference backend: write K/V, then paged attention over the cache.
+    Block-major caches only (its write_kv views the raw storage)."""
+    if kv_cache.layout is not KVLayout.BLOCK_MAJOR:
+        raise ValueError(f"reference_attention needs a block-major KV cache, got {kv_cache.layout}")
     write_kv(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
     return paged_attention(
         query,
@@ -84,8 +87,9 @@ def cpu_attention(
     attn: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """The CPU serving backend: write K/V, then vectorised paged attention."""
-    write_kv(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
+    """The CPU serving backend: write K/V, then vectorised paged attention.
+    Either KV layout; head-major is the fast one (``preferred_kv_layout``)."""
+    write_kv_cpu(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
     return paged_attention_cpu(
         query,
         kv_cache.key_cache,
@@ -104,3 +108,10 @@ def default_backend(device: torch.device) -> AttentionBackend:
 
         return triton_attention
     return cpu_attention
+
+
+def preferred_kv_layout(device: torch.device) -> KVLayout:
+    """The KV cache layout ``default_backend(device)`` runs fastest on: the
+    Triton kernels index block-major caches; the CPU backend gathers head-major
+    ones with one index_select into an SDPA-friendly layout."""
+    return KVLayout.BLOCK_MAJOR if device.type == "cuda" else KVLayout.HEAD_MAJOR

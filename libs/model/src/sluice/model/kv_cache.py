@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
 from sluice.model.config import LlamaConfig
 
 
+class KVLayout(Enum):
+    """Physical layout behind the logical [num_blocks, block_size, kv_heads, head_dim] shape.
+
+    BLOCK_MAJOR: contiguous in the logical order (the Triton kernels' layout).
+    HEAD_MAJOR:  storage [kv_heads, num_blocks, block_size, head_dim], exposed as
+                 storage.permute(1, 2, 0, 3); the CPU backend gathers a head's
+                 blocks with one index_select into a contiguous [L, head_dim]
+                 layout that SDPA reads fast (see sluice.kernels.paged_attention_cpu).
+    """
+
+    BLOCK_MAJOR = "block_major"
+    HEAD_MAJOR = "head_major"
+
+
 @dataclass(slots=True, frozen=True)
 class KVCache:
-    """One layer's cache. Both tensors: [num_blocks, block_size, num_kv_heads, head_dim].
+    """One layer's cache. Both tensors have the logical shape
+    [num_blocks, block_size, num_kv_heads, head_dim], whatever ``layout`` they
+    are stored in; code that reads them through that shape (indexing, the torch
+    reference) works on either layout, code that views raw storage must ask
+    ``layout`` first.
 
     The tensors are written in place by the attention backend during
     forward; the block manager (engine) decides which slots a step may write.
@@ -19,6 +38,15 @@ class KVCache:
 
     key_cache: torch.Tensor
     value_cache: torch.Tensor
+
+    @property
+    def layout(self) -> KVLayout:
+        # Contiguous wins when both hold (one KV head: the two layouts coincide).
+        if self.key_cache.is_contiguous():
+            return KVLayout.BLOCK_MAJOR
+        if self.key_cache.permute(2, 0, 1, 3).is_contiguous():
+            return KVLayout.HEAD_MAJOR
+        raise ValueError(f"KV cache with strides {self.key_cache.stride()} has no known layout")
 
     @property
     def num_blocks(self) -> int:
@@ -43,8 +71,10 @@ def allocate_kv_caches(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device | str,
+    layout: KVLayout = KVLayout.BLOCK_MAJOR,
 ) -> list[KVCache]:
-    """Zero-filled caches, one per layer.
+    """Zero-filled caches, one per layer, in the given physical layout
+    (``sluice.model.attention.preferred_kv_layout`` names the backend's choice).
 
     Zeros rather than torch.empty: a kernel bug that reads an unwritten slot
     then produces finite garbage that tests catch, not NaNs from stale memory
@@ -52,11 +82,12 @@ def allocate_kv_caches(
     """
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
-    shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [
-        KVCache(
-            key_cache=torch.zeros(shape, dtype=dtype, device=device),
-            value_cache=torch.zeros(shape, dtype=dtype, device=device),
-        )
-        for _ in range(config.num_hidden_layers)
-    ]
+    kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+
+    def zeros() -> torch.Tensor:
+        if layout is KVLayout.HEAD_MAJOR:
+            storage = torch.zeros(kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device)
+            return storage.permute(1, 2, 0, 3)  # [num_blocks, block_size, kv_heads, head_dim]
+        return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+
+    return [KVCache(key_cache=zeros(), value_cache=zeros()) for _ in range(config.num_hidden_layers)]

@@ -90,6 +90,9 @@ def load_llama(
     problems += _describe("misshaped", misshaped)
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not fit the config: " + "; ".join(problems))
+    model.fuse_projections()
+    if torch.device(device).type == "cpu":
+        model.use_transposed_lm_head()
     return model
 
 

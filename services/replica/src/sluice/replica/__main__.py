@@ -10,7 +10,8 @@ from prometheus_client import start_http_server
 from sluice.config import configure_logging
 from sluice.engine.block_manager import BlockManager
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
-from sluice.model.attention import default_backend
+from sluice.model.attention import default_backend, preferred_kv_layout
+from sluice.model.cpu_tuning import tune_cpu_allocator
 from sluice.model.kv_cache import allocate_kv_caches
 from sluice.model.loader import load_llama
 from sluice.model.runner import ModelRunner
@@ -32,13 +33,16 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
         torch.set_num_threads(settings.torch_threads)
     dtype = getattr(torch, settings.dtype)
     device = torch.device(settings.device)
+    if device.type == "cpu":
+        tune_cpu_allocator()  # keep per-step activation buffers in the heap (see cpu_tuning)
     model = load_llama(Path(settings.model_dir), dtype=dtype, device=device,
                        attention_backend=default_backend(device))
     num_blocks = kv_cache_blocks(
         model.config, dtype, device, settings.block_size_tokens,
         settings.kv_cache_blocks, settings.kv_cache_bytes, settings.gpu_memory_fraction,
     )
-    caches = allocate_kv_caches(model.config, num_blocks, settings.block_size_tokens, dtype, device)
+    caches = allocate_kv_caches(model.config, num_blocks, settings.block_size_tokens, dtype, device,
+                                layout=preferred_kv_layout(device))
     runner = ModelRunner(model, caches)
     core = IterationScheduler(
         SchedulerConfig(
