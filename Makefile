@@ -49,8 +49,9 @@ protos: install
 check-protos: install
 	$(PY) scripts/gen_protos.py --check
 
+# Each benchmark prints a ratio measured side by side in one run; the
+# whole-stack comparison with vLLM needs the peer env (bench/peer_stack_vs_vllm.py).
 bench: install model
-	$(PY) -m pytest --co -q bench >/dev/null 2>&1 || true
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 clean:
