@@ -147,3 +147,26 @@ def _accepted(c: openai.OpenAI) -> bool:
         return True
     except openai.RateLimitError:
         return False
+
+
+def test_an_oversized_count_is_400_and_leaks_nothing(stack, stack_database_url):
+    c = client(stack, create_key(stack_database_url, f"t-{uuid.uuid4().hex[:8]}", "--max-concurrency", "1"))
+    wait_until_accepted(c)
+    for _ in range(2):
+        with pytest.raises(openai.BadRequestError) as error:
+            c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=2**32, extra_headers={"Idempotency-Key": "big"})
+        assert error.value.param == "max_tokens"
+    chat(c, max_tokens=1)  # the single concurrency slot is free
+
+
+def test_tenants_may_use_the_same_idempotency_key(stack, stack_database_url):
+    key = f"shared-{uuid.uuid4().hex[:6]}"
+    clients = [client(stack, create_key(stack_database_url, f"t-{uuid.uuid4().hex[:8]}")) for _ in range(2)]
+    for c in clients:
+        wait_until_accepted(c)
+    results = [c.chat.completions.with_raw_response.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        extra_headers={"Idempotency-Key": key}, extra_body={"ignore_eos": True}) for c in clients]
+    assert [r.headers.get("x-sluice-idempotent-replay") for r in results] == [None, None]  # both ran
+    assert all(r.parse().usage.completion_tokens == 3 for r in results)

@@ -18,10 +18,17 @@ class BackgroundTasks:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        return task
+
+    async def run_to_completion(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Await `coroutine` in its own task: if the caller is cancelled (the
+        client went away mid-accounting; Starlette's anyio scope cancels every
+        await after the first) the work still finishes."""
+        return await asyncio.shield(self.spawn(coroutine))
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)

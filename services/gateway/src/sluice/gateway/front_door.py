@@ -6,14 +6,22 @@
             -> idempotency complete (replayable) or abandon (retry runs)
             -> settle the bucket with the exact count -> release the slot
 
-Refusals raise ApiError (409, 429 with Retry-After); whatever was taken
-before a refusal is given back.
+Refusals raise ApiError (409, 429 with Retry-After; 503 when the limits
+store is unreachable); whatever was taken before a refusal is given back.
+Each cleanup step of `finish` runs even if an earlier one fails.
+
+Ids: the ledger's request id is the Idempotency-Key (one billed row per key
+and tenant) or, without a key, the attempt id. The attempt id, unique per
+attempt, is what the router, scheduler and replica key by: they are shared
+by all tenants, and a retry must never be confused with the attempt it
+replaces (a late cancel of the old one must not hit the new one).
 """
 
 import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
@@ -22,6 +30,8 @@ from sluice.gateway.errors import ApiError
 from sluice.gateway.resources import GatewayResources
 from sluice.gateway.settings import GatewaySettings
 from sluice.ledger import AttemptRecord, UsageRecord
+from redis.exceptions import RedisError
+
 from sluice.limits import Began, Completed, ConcurrencySlot, InFlight, Refusal, Reservation
 
 log = logging.getLogger(__name__)
@@ -70,7 +80,8 @@ class Ticket:
     """A request that passed the front door; `finish` must be called once."""
 
     tenant: Tenant
-    request_id: str
+    attempt_id: str  # unique per attempt: the id the router, scheduler and replica see
+    ledger_id: str  # the billing row's request id: the Idempotency-Key, else attempt_id
     idempotency_key: str | None
     owner: str | None
     slot: ConcurrencySlot
@@ -99,7 +110,16 @@ class FrontDoor:
         self._settings = settings
 
     async def admit(self, tenant: Tenant, idempotency_key: str | None, estimated_tokens: int) -> Ticket | StoredResponse:
+        try:
+            return await self._admit(tenant, idempotency_key, estimated_tokens)
+        except (RedisError, OSError) as error:
+            log.error("limits store unreachable: %r", error)
+            raise ApiError(503, "Rate limits cannot be checked right now; retry shortly.", "limits_unavailable",
+                           retry_after_s=1.0) from None
+
+    async def _admit(self, tenant: Tenant, idempotency_key: str | None, estimated_tokens: int) -> Ticket | StoredResponse:
         owner = None
+        slot = None
         if idempotency_key is not None:
             state = await self._r.idempotency.begin(tenant.name, idempotency_key, self._settings.idempotency_lease_s)
             if isinstance(state, Completed):
@@ -115,14 +135,15 @@ class FrontDoor:
                 raise _refused(slot)
             reservation = await self._r.rate_limiter.reserve(tenant.name, tenant.limits, estimated_tokens)
             if isinstance(reservation, Refusal):
-                await self._r.concurrency.release(slot)
                 raise _refused(reservation)
         except BaseException:
+            if isinstance(slot, ConcurrencySlot):
+                await _quietly(self._r.concurrency.release(slot), "release slot")
             if owner is not None:
-                await self._r.idempotency.abandon(tenant.name, idempotency_key, owner=owner)
+                await _quietly(self._r.idempotency.abandon(tenant.name, idempotency_key, owner=owner), "abandon key")
             raise
-        request_id = idempotency_key or uuid.uuid4().hex
-        ticket = Ticket(tenant, request_id, idempotency_key, owner, slot, reservation)
+        attempt_id = uuid.uuid4().hex
+        ticket = Ticket(tenant, attempt_id, idempotency_key or attempt_id, idempotency_key, owner, slot, reservation)
         ticket.keepalive = asyncio.create_task(self._keep_leases(ticket))
         return ticket
 
@@ -132,49 +153,61 @@ class FrontDoor:
         interval_s = self._settings.idempotency_lease_s / 3
         while True:
             await asyncio.sleep(interval_s)
-            await self._r.concurrency.refresh(ticket.slot)
-            if ticket.owner is not None:
-                await self._r.idempotency.refresh(
+            try:
+                if not await self._r.concurrency.refresh(ticket.slot):
+                    log.warning("request %s lost its concurrency slot lease", ticket.attempt_id)
+                if ticket.owner is not None and not await self._r.idempotency.refresh(
                     ticket.tenant.name, ticket.idempotency_key, self._settings.idempotency_lease_s, owner=ticket.owner
-                )
+                ):
+                    log.warning("request %s lost its idempotency lease", ticket.attempt_id)
+            except (RedisError, OSError) as error:  # retried at the next interval
+                log.warning("could not refresh leases of %s: %r", ticket.attempt_id, error)
 
     async def finish(self, ticket: Ticket, outcome: Outcome | None) -> None:
         """Bill (or record the unbilled attempt), release everything. Idempotent.
-        `outcome` None: refused before any model work (nothing to record)."""
+        `outcome` None: refused before any model work (nothing to record).
+        Raises only if the usage row could not be made durable."""
         if ticket.finished:
             return
         ticket.finished = True
         if ticket.keepalive is not None:
             ticket.keepalive.cancel()
-        tenant = ticket.tenant.name
+        tenant, key, owner = ticket.tenant.name, ticket.idempotency_key, ticket.owner
         now = datetime.now(UTC)
         try:
-            if outcome is None:
-                if ticket.owner is not None:
-                    await self._r.idempotency.abandon(tenant, ticket.idempotency_key, owner=ticket.owner)
-            elif outcome.finish_reason is not None:
+            if outcome is not None and outcome.finish_reason is not None:
                 record = UsageRecord(
-                    tenant=tenant, request_id=ticket.request_id, model=outcome.model,
+                    tenant=tenant, request_id=ticket.ledger_id, model=outcome.model,
                     model_version=outcome.model_version, prompt_tokens=outcome.prompt_tokens,
                     cached_tokens=outcome.cached_tokens, output_tokens=outcome.output_tokens,
                     finish_reason=outcome.finish_reason, finished_at=now,
                 )
                 # Durable before anyone is told the stream finished.
                 await asyncio.to_thread(self._r.outbox.append, record)
-                if ticket.owner is not None and outcome.replay is not None:
-                    await self._r.idempotency.complete(
-                        tenant, ticket.idempotency_key, outcome.replay.to_bytes(), self._settings.idempotency_ttl_s,
-                        owner=ticket.owner,
-                    )
+                if owner is not None and outcome.replay is not None:
+                    await _quietly(self._r.idempotency.complete(
+                        tenant, key, outcome.replay.to_bytes(), self._settings.idempotency_ttl_s, owner=owner,
+                    ), "store the response for replay")
             else:
-                await asyncio.to_thread(self._r.outbox.append, AttemptRecord(
-                    tenant=tenant, request_id=ticket.request_id, model=outcome.model,
-                    model_version=outcome.model_version, prompt_tokens=outcome.prompt_tokens,
-                    output_tokens=outcome.output_tokens, outcome="error" if outcome.failed else "cancelled", at=now,
-                ))
-                if ticket.owner is not None:
-                    await self._r.idempotency.abandon(tenant, ticket.idempotency_key, owner=ticket.owner)
+                if outcome is not None:
+                    attempt = AttemptRecord(
+                        tenant=tenant, request_id=ticket.ledger_id, model=outcome.model,
+                        model_version=outcome.model_version, prompt_tokens=outcome.prompt_tokens,
+                        output_tokens=outcome.output_tokens, outcome="error" if outcome.failed else "cancelled",
+                        at=now,
+                    )
+                    await _quietly(asyncio.to_thread(self._r.outbox.append, attempt), "record the attempt")
+                if owner is not None:
+                    await _quietly(self._r.idempotency.abandon(tenant, key, owner=owner), "release the key")
         finally:
             used = 0 if outcome is None else outcome.prompt_tokens + outcome.output_tokens
-            await self._r.rate_limiter.settle(ticket.reservation, used)
-            await self._r.concurrency.release(ticket.slot)
+            await _quietly(self._r.rate_limiter.settle(ticket.reservation, used), "settle the bucket")
+            await _quietly(self._r.concurrency.release(ticket.slot), "release the slot")
+
+
+async def _quietly(step: Awaitable[object], what: str) -> None:
+    """One cleanup step; a failure is logged and does not skip the next."""
+    try:
+        await step
+    except Exception:
+        log.exception("could not %s", what)

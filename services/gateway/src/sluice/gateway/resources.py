@@ -56,7 +56,9 @@ class GatewayResources:
         thread = threading.Thread(target=flusher.run_forever, args=(stop,), name="ledger-outbox", daemon=True)
         thread.start()
         if settings.redis_url:
-            client = aioredis.from_url(settings.redis_url)
+            # Bounded waits: a Redis that drops packets must fail requests
+            # with a clear 503, not hang them.
+            client = aioredis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
             prefix = settings.redis_key_prefix
             limiter, concurrency, idempotency = (
                 RedisRateLimiter(client, key_prefix=prefix),

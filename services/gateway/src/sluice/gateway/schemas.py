@@ -44,12 +44,16 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
+# Token counts travel as uint32 on the wire; anything larger is nonsense.
+MAX_TOKEN_COUNT = 2**32 - 1
+
+
 class SamplingFields(_Body):
     model: str = Field(min_length=1)
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKEN_COUNT)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 and 0 both mean off (vLLM uses -1)
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOKEN_COUNT)] | None = None  # -1 and 0 both mean off (vLLM uses -1)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
@@ -58,7 +62,7 @@ class SamplingFields(_Body):
     service_tier: Literal["auto", "default", "flex"] | None = None
     user: str | None = None
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKEN_COUNT)] = 0
 
     @field_validator("n")
     @classmethod
@@ -87,7 +91,7 @@ class SamplingFields(_Body):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKEN_COUNT)] | None = None
 
     def output_limit(self) -> int | None:
         # max_completion_tokens is the newer name; it wins when both are sent.

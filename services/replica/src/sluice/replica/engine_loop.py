@@ -96,11 +96,22 @@ class EngineLoop:
                     return
                 commands = list(self._commands)
                 self._commands.clear()
-            for command in commands:
-                command()
-            if self._core.has_work():
-                self._step()
+            try:
+                for command in commands:
+                    command()
+                if self._core.has_work():
+                    self._step()
+            except Exception as error:  # a bug in the core must not hang every stream
+                log.exception("engine loop failed; failing %d requests", len(self._sinks))
+                self._fail_all(error)
             self.snapshot = self._take_snapshot(self._clock())
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id, sink in list(self._sinks.items()):
+            self._core.cancel(request_id)
+            self._executor.forget(request_id)
+            sink(error)
+        self._sinks.clear()
 
     def _add(self, request: EngineRequest, sink: Sink) -> None:
         try:

@@ -51,8 +51,8 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                     outputs = await stream.next_batch()
                 except ValueError as error:  # the engine refused it (can never fit)
                     raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", str(error)) from error
-                except Exception as error:
-                    raise ServiceError(grpc.StatusCode.INTERNAL, "engine_error", repr(error)) from error
+                except Exception as error:  # the engine logged the detail
+                    raise ServiceError(grpc.StatusCode.INTERNAL, "engine_error", "the engine step failed") from error
                 token_ids = [t for output in outputs for t in output.new_token_ids]
                 if token_ids:
                     yield replica_pb2.TokenEvent(tokens=replica_pb2.TokenDelta(token_ids=token_ids))

@@ -169,8 +169,9 @@ class Relay:
                     return
             yield _error("replica_stream_ended", "the replica ended the stream without finishing")
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.CANCELLED:
-                raise asyncio.CancelledError from error
+            # Our own cancellation arrives as asyncio.CancelledError, not here:
+            # a CANCELLED status means the replica ended the call (e.g. it is
+            # shutting down), which the caller must hear about in-band.
             failure = from_rpc_error(error)
             log.warning(
                 "replica %s failed request %s after %.2fs: %s",

@@ -66,7 +66,9 @@ class Progress:
 
     def finished(self, finished: router_pb2.Finished, replayable: bool) -> Outcome:
         usage = finished.usage
-        reason = FINISH_REASONS.get(finished.finish_reason, "stop")
+        reason = FINISH_REASONS.get(finished.finish_reason)
+        if reason is None:  # cancelled or failed upstream: not a billable finish
+            return self.unfinished(failed=True)
         replay = None
         if replayable:
             replay = StoredResponse(
@@ -103,10 +105,11 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return replay_response(admitted, chat, body.stream, include_usage)
         ticket = admitted
-        routed = generate_request(body, tenant, ticket.request_id, state.settings.default_max_tokens)
         try:
+            routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens)
             opened = await state.router.open_stream(routed)
         except BaseException as error:
+            # Nothing ran on a replica: give back the slot, the key and the estimate.
             state.background.spawn(state.front_door.finish(ticket, None))
             if isinstance(error, ServiceError):
                 raise from_service_error(error) from None
@@ -116,7 +119,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         return error.response()
 
     admitted_event = opened.first_event.admitted
-    fmt = ResponseFormat.for_request(ticket.request_id, body.model, admitted_event.model_version, chat)
+    fmt = ResponseFormat.for_request(ticket.attempt_id, body.model, admitted_event.model_version, chat)
     # Text is kept for a non-streamed body, and for replay of idempotent requests.
     progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream)
     if body.stream:
@@ -126,7 +129,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
         )
-        return StreamingResponse(
+        return ClosingStreamingResponse(
             relay, media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -168,7 +171,12 @@ async def _sse_events(
                 yield sse.event(chunk)
             elif kind == "finished":
                 finished = event.finished
-                await state.front_door.finish(ticket, progress.finished(finished, ticket.owner is not None))
+                result = progress.finished(finished, ticket.owner is not None)
+                await state.background.run_to_completion(state.front_door.finish(ticket, result))
+                if result.finish_reason is None:
+                    outcome = "error"
+                    yield sse.event(ApiError(500, "The generation did not finish.", "internal_error").body())
+                    break
                 outcome = "finished"
                 chunk = fmt.chunk(None, FINISH_REASONS.get(finished.finish_reason, "stop"))
                 if continuous_usage:
@@ -179,7 +187,7 @@ async def _sse_events(
                 break
             elif kind == "error":
                 outcome = "error"
-                yield sse.event(ApiError(500, event.error.message, event.error.code).body())
+                yield sse.event(_stream_error(event.error).body())
                 break
         yield sse.DONE
     except grpc.aio.AioRpcError as error:
@@ -223,7 +231,10 @@ async def _collect(
         state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=True)))
         state.metrics.requests_total.labels(fmt.model, str(error.status), error.code or "error").inc()
         return error.response()
-    await state.front_door.finish(ticket, progress.finished(finished, ticket.owner is not None))
+    result = progress.finished(finished, ticket.owner is not None)
+    await state.background.run_to_completion(state.front_door.finish(ticket, result))
+    if result.finish_reason is None:
+        return ApiError(500, "The generation did not finish.", "internal_error").response()
     state.metrics.requests_total.labels(fmt.model, "200", "finished").inc()
     state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
     reason = FINISH_REASONS.get(finished.finish_reason, "stop")
@@ -239,10 +250,37 @@ async def _gather(opened: OpenedStream, progress: Progress) -> router_pb2.Finish
             elif kind == "finished":
                 return event.finished
             elif kind == "error":
-                raise ApiError(500, event.error.message, event.error.code)
+                raise _stream_error(event.error)
     except grpc.aio.AioRpcError as error:
         raise from_service_error(from_rpc_error(error)) from None
     raise ApiError(500, "The generation ended without finishing.", "internal_error")
+
+
+def _stream_error(error: router_pb2.Error) -> ApiError:
+    """A failure after the stream started. The router's message names the
+    failing hop, never internals; a replica that went away is a 503."""
+    status = 503 if error.code in ("unavailable", "replica_unavailable") else 500
+    return ApiError(status, error.message, error.code)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """Closes the body generator however the response ends.
+
+    If the client disconnects while a write is pending, Starlette abandons
+    the generator suspended at its `yield`; its `finally` (cancel the router
+    call, record the unbilled attempt, release slot and key) would then wait
+    for the garbage collector. Closing it here runs that at once."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                try:
+                    await asyncio.shield(asyncio.ensure_future(close()))
+                except RuntimeError:  # it is still running: its own cancellation runs the finally
+                    pass
 
 
 async def _wait_for_disconnect(request: Request) -> None:
