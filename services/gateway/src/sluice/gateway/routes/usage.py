@@ -7,14 +7,18 @@ through the gateway's outbox, normally within a fraction of a second.
 """
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError
 from sluice.gateway.state import GatewayState
+
+log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = timedelta(days=30)
 GROUPINGS = {None, "model", "day"}
@@ -52,7 +56,12 @@ async def usage(request: Request) -> Response:
         scope = None if asked == "*" else (asked or tenant.name)
     except ApiError as error:
         return error.response()
-    rows = await asyncio.to_thread(state.resources.ledger.usage_summary, scope, start, end, group_by)
+    try:
+        rows = await asyncio.to_thread(state.resources.ledger.usage_summary, scope, start, end, group_by)
+    except SQLAlchemyError:
+        log.exception("usage query failed")
+        return ApiError(503, "The usage ledger is unreachable right now; retry shortly.", "ledger_unavailable",
+                        retry_after_s=5.0).response()
     data = [
         {
             "object": "usage.bucket",
