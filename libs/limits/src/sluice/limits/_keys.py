@@ -28,3 +28,15 @@ def clock_arg(clock) -> str:
     repr() of a float round-trips exactly, so the script sees the same
     number the in-process implementation would."""
     return "" if clock is None else repr(float(clock()))
+
+
+# The script side of `clock_arg`: every script takes "now" as ARGV[1].
+LUA_NOW = """
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+"""

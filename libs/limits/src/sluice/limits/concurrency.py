@@ -26,7 +26,7 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from sluice.limits._keys import clock_arg, tenant_key, to_ms
+from sluice.limits._keys import LUA_NOW, clock_arg, tenant_key, to_ms
 from sluice.limits.clock import Clock
 from sluice.limits.refusal import Refusal
 
@@ -135,15 +135,7 @@ class InProcessConcurrencyLimiter:
         return True
 
 
-_NOW_LUA = """
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
--- The set must outlive its newest lease; never shorten it.
+_NOW_LUA = LUA_NOW + """-- The set must outlive its newest lease; never shorten it.
 local function keep_for(key, ms)
   if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
 end

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from sluice.limits._keys import clock_arg, tenant_key
+from sluice.limits._keys import LUA_NOW, clock_arg, tenant_key
 from sluice.limits.clock import Clock
 from sluice.limits.bucket import BucketState, TakeResult, credit, full_bucket, try_take
 from sluice.limits.refusal import Refusal
@@ -200,15 +200,7 @@ class InProcessRateLimiter:
 
 # Shared Lua prelude: the clock, and bucket.refill/store in Lua. Keep the
 # arithmetic in the same order as bucket.py so both round identically.
-_LUA_PRELUDE = """
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-
+_LUA_PRELUDE = LUA_NOW + """
 local function fmt(x) return string.format('%.17g', x) end
 
 local function refilled(key, limit)

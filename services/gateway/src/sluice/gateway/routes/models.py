@@ -7,32 +7,35 @@ from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError, from_service_error
 from sluice.gateway.state import GatewayState
 from sluice.rpc.errors import ServiceError
+from sluice.v1 import router_pb2
 
 
 def _model_body(model) -> dict:
     return {"id": model.id, "object": "model", "created": int(model.created_unix_s), "owned_by": "sluice"}
 
 
-async def list_models(request: Request) -> Response:
+async def _catalog(request: Request) -> router_pb2.ListModelsResponse:
+    """Authenticate, then ask the router; refusals raise ApiError."""
     state: GatewayState = request.app.state.gateway
+    authenticate(request, state.authenticator)
     try:
-        authenticate(request, state.authenticator)
-        catalog = await state.router.list_models()
+        return await state.router.list_models()
     except ServiceError as error:
-        return from_service_error(error).response()
+        raise from_service_error(error) from None
+
+
+async def list_models(request: Request) -> Response:
+    try:
+        catalog = await _catalog(request)
     except ApiError as error:
         return error.response()
     return JSONResponse({"object": "list", "data": [_model_body(m) for m in catalog.models]})
 
 
 async def retrieve_model(request: Request) -> Response:
-    state: GatewayState = request.app.state.gateway
     name = request.path_params["model"]
     try:
-        authenticate(request, state.authenticator)
-        catalog = await state.router.list_models()
-    except ServiceError as error:
-        return from_service_error(error).response()
+        catalog = await _catalog(request)
     except ApiError as error:
         return error.response()
     for model in catalog.models:
