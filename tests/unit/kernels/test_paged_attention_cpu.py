@@ -4,6 +4,8 @@ physical KV layouts behind the logical [num_blocks, block_size, kv_heads, head_d
 import pytest
 import torch
 
+from sluice.kernels import paged_attention_cpu as paged_attention_cpu_module
+from sluice.kernels import paged_attention_native as native
 from sluice.kernels.paged_attention_cpu import (
     _length_groups,
     head_major_storage,
@@ -48,11 +50,21 @@ def test_write_kv_cpu_matches_reference(layout):
         assert head_major_storage(ours_k) is not None
 
 
+@pytest.fixture(params=["native", "torch"])
+def decode_path(request, monkeypatch):
+    """Decode rows through the native kernel (when built) and through the torch gather path."""
+    if request.param == "native" and not native.available():
+        pytest.skip("native kernel not built")
+    if request.param == "torch":
+        monkeypatch.setattr(paged_attention_cpu_module, "_use_native", lambda *_: False)
+    return request.param
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("heads,kv_heads", [(8, 4), (4, 4), (8, 1)])
 @pytest.mark.parametrize("decode_only", [False, True])
-def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, decode_only):
+def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, decode_only, decode_path):
     torch.manual_seed(block_size + heads + kv_heads)
     head_dim, num_blocks = 32, 64
     # (tokens already cached, tokens this step): decodes, a fresh prefill, a mid-context chunk.

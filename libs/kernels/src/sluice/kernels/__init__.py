@@ -4,7 +4,9 @@
 kernel must compute; Triton kernels (decode, chunked prefill) are compared
 against it in tests.
 
-The CPU path needs only torch: nothing imported here imports triton.
+The CPU path needs only torch (``paged_attention_cpu``), plus, where the
+install compiled it, a native C kernel for decode rows
+(``paged_attention_native``); nothing imported here imports triton.
 ``triton_attention`` (the CUDA AttentionBackend) imports the Triton kernel
 modules (``triton_paged_decode``, ``triton_paged_prefill``,
 ``triton_write_kv``) on its first call.

@@ -1,9 +1,12 @@
-"""Paged attention for the CPU path of a replica: torch only, vectorised.
+"""Paged attention for the CPU path of a replica.
 
 The reference (`paged_attention_reference`) loops over sequences and
 repeats K/V per query head: clear, and slow. Decode rows dominate a
-serving step (one query token for each of many running sequences), so here
-they are batched into one gather and one fused attention call.
+serving step (one query token for each of many running sequences). Where
+this install has the native kernel (`paged_attention_native`, C, float32)
+they go there in one call that reads every block in place; otherwise, and
+for other dtypes, they are batched here into one gather and one fused
+attention call.
 
 Every function takes the cache in its logical shape
 ``[num_blocks, block_size, kv_heads, head_dim]`` (the contract of the
@@ -14,12 +17,14 @@ that shape:
     head-major  (CPU default): storage [kv_heads, num_blocks, block_size, head_dim]
                                logical view = storage.permute(1, 2, 0, 3)
 
-Head-major is what the CPU wants: one flat `index_select` over
-``head * num_blocks + block`` ids gathers every sequence's context as
-``[kv_heads, S, L, head_dim]`` with a contiguous ``[L, head_dim]`` inner
-layout, which SDPA reads ~2x faster than the strided view a block-major
-gather gives. Decode then runs as one SDPA call with the KV heads as batch
-and each KV head's query group as the query axis, so GQA needs no repeat:
+Head-major is what the CPU wants: a block of one KV head is one contiguous
+``[block_size, head_dim]`` run, which the native kernel streams through, and
+one flat `index_select` over ``head * num_blocks + block`` ids gathers every
+sequence's context as ``[kv_heads, S, L, head_dim]`` with a contiguous
+``[L, head_dim]`` inner layout, which SDPA reads ~2x faster than the strided
+view a block-major gather gives. The torch decode then runs as one SDPA call
+with the KV heads as batch and each KV head's query group as the query axis,
+so GQA needs no repeat:
 
     ids [kv_heads * S * nb] --index_select--> K, V [kv_heads, S, L, head_dim]
     q [kv_heads, S, group, head_dim], mask [1, S, 1, L]: position < seq_len
@@ -28,11 +33,14 @@ and each KV head's query group as the query axis, so GQA needs no repeat:
 `index_select` with a flat id list is ~20x faster on CPU than advanced
 indexing with a 2-D index. Prefill chunks (few per step, many tokens each)
 go one sequence at a time through SDPA with a causal mask offset by the
-tokens already cached.
+tokens already cached: there a GEMM-shaped SDPA beats a per-query loop.
 """
 
 import torch
 import torch.nn.functional as F
+
+from sluice.kernels import paged_attention_native as native
+from sluice.kernels.paged_attention_native import paged_attention_native
 
 # Decode sequences up to this many blocks always share one gather (see _length_groups).
 MIN_GROUP_BLOCKS = 8
@@ -136,6 +144,11 @@ def _prefill_one(
     return out[0].transpose(0, 1)  # [q_len, heads, head_dim]
 
 
+def _use_native(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+    """The C kernel serves float32 decode rows when this install has it."""
+    return native.available() and query.dtype == key_cache.dtype == torch.float32 and key_cache.stride(3) == 1
+
+
 def _length_groups(decode: list[int], lens: list[int], block_size: int) -> list[list[int]]:
     """Split decode sequences into groups gathered together.
 
@@ -176,12 +189,17 @@ def paged_attention_cpu(
     lens = seq_lens.tolist()
     q_lens = [b - a for a, b in zip(starts, starts[1:])]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
+    out = torch.zeros_like(query)
+    if decode and _use_native(query, key_cache):
+        # Decode rows read their blocks in place (no gather, no padding to the longest).
+        paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                               scale, seq_ids=torch.tensor(decode, dtype=torch.int32), out=out)
+        decode = []
     block_size = key_cache.shape[1]
     groups = _length_groups(decode, lens, block_size)
     if len(groups) == 1 and len(decode) == len(q_lens) and starts[-1] == query.shape[0]:
         # Pure decode step of similar lengths: query row i is sequence i; no scatter needed.
         return _decode(query, key_cache, value_cache, block_tables, seq_lens.long(), max(lens), scale)
-    out = torch.zeros_like(query)
     for group in groups:
         rows = torch.tensor([starts[i] for i in group])
         index = torch.tensor(group)

@@ -1,0 +1,258 @@
+/*
+ * Paged attention over a KV cache in blocks, for the CPU path of a replica.
+ *
+ * The torch path (paged_attention_cpu.py) must first gather every
+ * sequence's blocks into one padded tensor and then run SDPA over it: two
+ * passes over the whole context, one of them a copy. On a decode step that
+ * gather is a quarter of the step. This kernel reads the blocks where they
+ * lie, through the block table, in one pass per (sequence, KV head):
+ *
+ *     for each query token i of the sequence (its position p = len - q_len + i):
+ *         s[g][j] = scale * q[g] . K[j]        j = 0..p, for the G query heads
+ *                                              that share this KV head (GQA)
+ *         w[g][j] = softmax_j(s[g][j])
+ *         out[g]  = sum_j w[g][j] * V[j]
+ *
+ * Work items are (sequence, KV head) pairs, spread over OpenMP threads. The
+ * extension is built with -fopenmp and loaded after torch, so it shares the
+ * OpenMP runtime torch already loaded (one thread pool, no oversubscription).
+ *
+ * Contract (checked by the Python wrapper, not here): float32 everywhere;
+ * query/out [T, H, D] contiguous; caches addressed as
+ *     block * stride_block + slot * stride_slot + kv_head * stride_head + d
+ * (any layout whose head_dim is innermost and contiguous); block_tables
+ * [S, max_blocks] int32; seq_lens [S] int32; query_start_loc [S + 1] int32;
+ * seq_ids: which sequences to compute (the others' rows are left alone).
+ * The GIL is released while it runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Vector width follows the machine it runs on: one clone per ISA, picked at
+ * load time (GCC function multi-versioning); the build never assumes the
+ * builder's CPU. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SLUICE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define SLUICE_CLONES
+#endif
+
+/* exp(x) for x <= 0 (softmax after subtracting the max), in a form the
+ * compiler vectorises: libm's expf is a scalar call per score, which made
+ * exp the kernel's largest cost. Range reduction x = n ln2 + r with ln2 split
+ * in two (Cody-Waite), a degree-6 polynomial for e^r on |r| <= ln2/2
+ * (Cephes' coefficients), and 2^n built in the exponent bits. Relative
+ * error ~2 ulp; inputs below -87 (e^-87 ~ 1.6e-38) give 0. */
+static inline float exp_nonpositive(float x) {
+    const int underflow = x < -87.0f;
+    x = underflow ? -87.0f : x;
+    /* n = round(x / ln2) by the 1.5 * 2^23 trick: floorf would keep GCC from vectorising. */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
+    return underflow ? 0.0f : p * two_n.f;
+}
+
+typedef struct {
+    const float *query;
+    const float *key_cache;
+    const float *value_cache;
+    const int32_t *block_tables;
+    const int32_t *seq_lens;
+    const int32_t *query_start_loc;
+    const int32_t *seq_ids;
+    float *out;
+    int64_t num_work_seqs;
+    int64_t num_heads;
+    int64_t num_kv_heads;
+    int64_t head_dim;
+    int64_t block_size;
+    int64_t max_blocks;
+    int64_t stride_block;
+    int64_t stride_slot;
+    int64_t stride_head;
+    float scale;
+} PagedArgs;
+
+/* Blocks of a sequence lie anywhere in the cache, so the hardware prefetcher
+ * cannot guess the next one; ask for its rows (one KV head's) while this
+ * block is being read. */
+static inline __attribute__((always_inline)) void prefetch_block(const float *block, const PagedArgs *a,
+                                                                 const int64_t D) {
+    for (int64_t j = 0; j < a->block_size; ++j)
+        for (int64_t d = 0; d < D; d += 16) __builtin_prefetch(block + j * a->stride_slot + d, 0, 3);
+}
+
+/* One (sequence, KV head): all its query tokens and the G query heads of the group.
+ * scores: scratch of G * seq_len floats. D is a parameter so that the
+ * common head sizes get loops of constant length (see attend_one). */
+static inline __attribute__((always_inline)) void attend_one_d(const PagedArgs *a, int64_t seq,
+                                                               int64_t kv_head, float *scores,
+                                                               const int64_t D) {
+    const int64_t G = a->num_heads / a->num_kv_heads, bs = a->block_size;
+    const int64_t seq_len = a->seq_lens[seq];
+    const int64_t q_begin = a->query_start_loc[seq], q_end = a->query_start_loc[seq + 1];
+    const int64_t q_len = q_end - q_begin;
+    const int32_t *table = a->block_tables + seq * a->max_blocks;
+    const float *k_head = a->key_cache + kv_head * a->stride_head;
+    const float *v_head = a->value_cache + kv_head * a->stride_head;
+
+    for (int64_t i = 0; i < q_len; ++i) {
+        const int64_t visible = seq_len - q_len + i + 1; /* keys 0 .. position */
+        const int64_t num_blocks = (visible + bs - 1) / bs;
+        const float *q = a->query + ((q_begin + i) * a->num_heads + kv_head * G) * D;
+        float *o = a->out + ((q_begin + i) * a->num_heads + kv_head * G) * D;
+
+        /* Scores. One query head at a time, so its q stays in registers
+         * (a block is a few KB: the second head reads it from L1). */
+        for (int64_t g = 0; g < G; ++g) {
+            float qg[D];
+            for (int64_t d = 0; d < D; ++d) qg[d] = q[g * D + d] * a->scale;
+            float *s = scores + g * visible;
+            for (int64_t b = 0; b < num_blocks; ++b) {
+                const float *k_block = k_head + (int64_t)table[b] * a->stride_block;
+                if (g == 0 && b + 1 < num_blocks)
+                    prefetch_block(k_head + (int64_t)table[b + 1] * a->stride_block, a, D);
+                const int64_t n = visible - b * bs < bs ? visible - b * bs : bs;
+                for (int64_t j = 0; j < n; ++j) {
+                    const float *k = k_block + j * a->stride_slot;
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (int64_t d = 0; d < D; ++d) dot += qg[d] * k[d];
+                    s[b * bs + j] = dot;
+                }
+            }
+        }
+        /* Softmax weights per query head, unnormalised (the sum divides the output). */
+        float inv_sum[G];
+        for (int64_t g = 0; g < G; ++g) {
+            float *s = scores + g * visible;
+            float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+            for (int64_t j = 0; j < visible; ++j) m = s[j] > m ? s[j] : m;
+#pragma omp simd
+            for (int64_t j = 0; j < visible; ++j) s[j] = exp_nonpositive(s[j] - m);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < visible; ++j) sum += s[j];
+            inv_sum[g] = 1.0f / sum;
+        }
+        /* Weighted sum of values, accumulated in registers per query head. */
+        for (int64_t g = 0; g < G; ++g) {
+            const float *s = scores + g * visible;
+            float acc[D];
+            for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+            for (int64_t b = 0; b < num_blocks; ++b) {
+                const float *v_block = v_head + (int64_t)table[b] * a->stride_block;
+                if (g == 0 && b + 1 < num_blocks)
+                    prefetch_block(v_head + (int64_t)table[b + 1] * a->stride_block, a, D);
+                const int64_t n = visible - b * bs < bs ? visible - b * bs : bs;
+                for (int64_t j = 0; j < n; ++j) {
+                    const float *v = v_block + j * a->stride_slot;
+                    const float w = s[b * bs + j];
+#pragma omp simd
+                    for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
+                }
+            }
+            for (int64_t d = 0; d < D; ++d) o[g * D + d] = acc[d] * inv_sum[g];
+        }
+    }
+}
+
+SLUICE_CLONES
+static void attend_one(const PagedArgs *a, int64_t seq, int64_t kv_head, float *scores) {
+    switch (a->head_dim) {
+    case 64: attend_one_d(a, seq, kv_head, scores, 64); break;
+    case 128: attend_one_d(a, seq, kv_head, scores, 128); break;
+    case 32: attend_one_d(a, seq, kv_head, scores, 32); break;
+    default: attend_one_d(a, seq, kv_head, scores, a->head_dim); break;
+    }
+}
+
+/* Returns 0, or -1 when scratch could not be allocated. */
+static int run(const PagedArgs *a, int num_threads) {
+    int64_t max_len = 0;
+    for (int64_t w = 0; w < a->num_work_seqs; ++w) {
+        const int64_t len = a->seq_lens[a->seq_ids[w]];
+        max_len = len > max_len ? len : max_len;
+    }
+    const int64_t G = a->num_heads / a->num_kv_heads;
+    const int64_t items = a->num_work_seqs * a->num_kv_heads;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) if (items > 1 && num_threads > 1)
+    {
+        float *scores = malloc((size_t)(G * (max_len > 0 ? max_len : 1)) * sizeof(float));
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        /* dynamic: one long sequence must not leave the other threads idle. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; ++item) {
+            if (scores != NULL)
+                attend_one(a, a->seq_ids[item / a->num_kv_heads], item % a->num_kv_heads, scores);
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+static PyObject *paged_attention_f32(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, seq_ids, out;
+    PagedArgs a;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLLLLfi", &query, &key_cache, &value_cache, &block_tables,
+                          &seq_lens, &query_start_loc, &seq_ids, &out, &a.num_work_seqs, &a.num_heads,
+                          &a.num_kv_heads, &a.head_dim, &a.block_size, &a.max_blocks, &a.stride_block,
+                          &a.stride_slot, &a.stride_head, &a.scale, &num_threads))
+        return NULL;
+    if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads != 0 || a.head_dim <= 0 || a.block_size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "bad attention shape");
+        return NULL;
+    }
+    a.query = (const float *)(uintptr_t)query;
+    a.key_cache = (const float *)(uintptr_t)key_cache;
+    a.value_cache = (const float *)(uintptr_t)value_cache;
+    a.block_tables = (const int32_t *)(uintptr_t)block_tables;
+    a.seq_lens = (const int32_t *)(uintptr_t)seq_lens;
+    a.query_start_loc = (const int32_t *)(uintptr_t)query_start_loc;
+    a.seq_ids = (const int32_t *)(uintptr_t)seq_ids;
+    a.out = (float *)(uintptr_t)out;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = run(&a, num_threads > 0 ? num_threads : 1);
+    Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"paged_attention_f32", paged_attention_f32, METH_VARARGS,
+     "Paged attention over float32 blocks; pointers and shapes as ints (see the wrapper)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_paged_attention_cpu",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__paged_attention_cpu(void) { return PyModule_Create(&module); }

@@ -1,0 +1,79 @@
+"""Python side of the native CPU paged-attention kernel (``_paged_attention_cpu.c``).
+
+The C kernel reads K/V blocks in place through the block table, so a decode
+step skips the gather the torch path needs (see paged_attention_cpu.py).
+It is an optional build: ``available()`` says whether this install has it,
+and callers fall back to the torch path when it does not.
+
+Same contract as `paged_attention_reference.paged_attention`, float32 only,
+for any cache layout whose head_dim is innermost (block-major and
+head-major both are).
+"""
+
+from __future__ import annotations
+
+import torch  # first: the kernel then shares the OpenMP runtime torch loaded
+
+try:
+    from sluice.kernels import _paged_attention_cpu as _native
+except ImportError:  # built without a C compiler: the torch path serves
+    _native = None
+
+
+def available() -> bool:
+    return _native is not None
+
+
+def paged_attention_native(
+    query: torch.Tensor,  # [num_tokens, heads, head_dim] float32
+    key_cache: torch.Tensor,  # logical [num_blocks, block_size, kv_heads, head_dim] float32
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context incl. this step
+    query_start_loc: torch.Tensor,  # [num_seqs + 1] int32
+    scale: float,
+    *,
+    seq_ids: torch.Tensor | None = None,  # [n] int32: compute only these sequences' rows
+    out: torch.Tensor | None = None,  # [num_tokens, heads, head_dim]; rows of other sequences kept
+) -> torch.Tensor:
+    if _native is None:
+        raise RuntimeError("the native CPU attention kernel is not built in this install")
+    num_tokens, num_heads, head_dim = query.shape
+    num_blocks, block_size, kv_heads, cache_head_dim = key_cache.shape
+    if not (query.dtype == key_cache.dtype == value_cache.dtype == torch.float32):
+        raise ValueError("the native kernel takes float32 query and caches")
+    if cache_head_dim != head_dim or num_heads % kv_heads or value_cache.stride() != key_cache.stride():
+        raise ValueError(f"query {tuple(query.shape)} does not fit cache {tuple(key_cache.shape)}")
+    if key_cache.stride(3) != 1 or query.device.type != "cpu" or key_cache.device.type != "cpu":
+        raise ValueError("the native kernel needs CPU tensors with a contiguous head_dim")
+    query = query.contiguous()
+    block_tables = block_tables.to(torch.int32).contiguous()
+    seq_lens = seq_lens.to(torch.int32).contiguous()
+    query_start_loc = query_start_loc.to(torch.int32).contiguous()
+    num_seqs = seq_lens.shape[0]
+    if seq_ids is None:
+        seq_ids = torch.arange(num_seqs, dtype=torch.int32)
+    seq_ids = seq_ids.to(torch.int32).contiguous()
+    # The C side trusts its indices: check them here, where a bad one is an
+    # exception rather than a read of someone else's memory.
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]  # [num_seqs]
+    if num_seqs and (
+        int(query_start_loc[0]) < 0 or int(query_start_loc[-1]) > num_tokens or bool((q_lens < 0).any())
+        or bool((seq_lens < q_lens).any()) or int(seq_lens.max()) > block_tables.shape[1] * block_size
+        or int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks
+    ):
+        raise ValueError("block tables, seq_lens and query_start_loc disagree with the cache or query")
+    if seq_ids.numel() and (int(seq_ids.min()) < 0 or int(seq_ids.max()) >= num_seqs):
+        raise ValueError(f"seq_ids outside [0, {num_seqs})")
+    if out is None:
+        out = torch.zeros_like(query)
+    if not out.is_contiguous() or out.shape != query.shape or out.dtype != torch.float32:
+        raise ValueError("out must be a contiguous float32 tensor shaped like query")
+    stride_block, stride_slot, stride_head, _ = key_cache.stride()
+    _native.paged_attention_f32(
+        query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+        seq_lens.data_ptr(), query_start_loc.data_ptr(), seq_ids.data_ptr(), out.data_ptr(),
+        seq_ids.shape[0], num_heads, kv_heads, head_dim, block_size, block_tables.shape[1],
+        stride_block, stride_slot, stride_head, float(scale), torch.get_num_threads(),
+    )
+    return out
