@@ -14,10 +14,12 @@ PACKAGES := libs/rpc libs/config libs/tokenization libs/engine libs/placement li
             libs/kernels libs/model libs/tinymodel libs/devstack \
             services/gateway services/router services/scheduler services/replica
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
+# The native CPU kernels are compiled at install: rebuild when their sources change.
+NATIVE := libs/kernels/setup.py $(wildcard libs/kernels/src/sluice/kernels/_*.c)
 
 .PHONY: install model run test test-unit protos check-protos bench clean
 
-$(VENV)/.installed: $(PYPROJECTS) requirements-dev.txt constraints.txt
+$(VENV)/.installed: $(PYPROJECTS) $(NATIVE) requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U "pip>=24" "setuptools>=68" wheel
 	# The CPU build; an unpinned torch would pull a multi-GB CUDA build.

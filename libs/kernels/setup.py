@@ -1,7 +1,9 @@
-"""The native CPU paged-attention kernel (a plain C extension, no torch headers).
+"""The native CPU kernels: paged attention and row argmax (plain C extensions,
+no torch headers, OpenMP shared with torch at run time).
 
 Optional: where no C compiler is at hand the build goes on without it and
-the replica uses the torch path (``sluice.kernels.native.available()`` says which).
+the replica uses the torch path
+(``sluice.kernels.paged_attention_native.available()`` says which).
 """
 
 import sys
@@ -10,14 +12,15 @@ from setuptools import Extension, setup
 
 openmp = [] if sys.platform == "darwin" else ["-fopenmp"]  # Apple clang ships no OpenMP
 
-setup(
-    ext_modules=[
-        Extension(
-            "sluice.kernels._paged_attention_cpu",
-            sources=["src/sluice/kernels/_paged_attention_cpu.c"],
-            extra_compile_args=["-O3", "-std=c11", "-ffp-contract=fast", *openmp],
-            extra_link_args=openmp,
-            optional=True,
-        )
-    ]
-)
+
+def native(name: str) -> Extension:
+    return Extension(
+        f"sluice.kernels.{name}",
+        sources=[f"src/sluice/kernels/{name}.c"],
+        extra_compile_args=["-O3", "-std=c11", "-ffp-contract=fast", *openmp],
+        extra_link_args=openmp,
+        optional=True,
+    )
+
+
+setup(ext_modules=[native("_paged_attention_cpu"), native("_argmax_cpu")])

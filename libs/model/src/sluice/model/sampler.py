@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+from sluice.kernels.argmax import argmax_rows
+
 # Rows at temperature 0 take the argmax; no softmax, no noise.
 GREEDY_TEMPERATURE = 0.0
 
@@ -96,7 +98,7 @@ class Sampler:
         if not requests:
             return []
         logits = self._mask_early_stops(logits.float(), requests)  # [N, vocab]
-        greedy_ids = logits.argmax(dim=-1)  # [N]
+        greedy_ids = argmax_rows(logits)  # [N]
         if all(r.params.is_greedy for r in requests):
             return greedy_ids.tolist()
 
@@ -105,7 +107,7 @@ class Sampler:
         for row, r in enumerate(requests):
             if r.generator is not None:
                 noise[row].exponential_(generator=r.generator)
-        sampled_ids = (probs / noise).argmax(dim=-1)  # [N]
+        sampled_ids = argmax_rows(probs / noise)  # [N]
 
         is_greedy = torch.tensor([r.params.is_greedy for r in requests], device=logits.device)
         return torch.where(is_greedy, greedy_ids, sampled_ids).tolist()
