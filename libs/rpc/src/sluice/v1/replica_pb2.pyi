@@ -33,6 +33,40 @@ class TokenEvent(_message.Message):
     finished: TokenFinished
     def __init__(self, tokens: _Optional[_Union[TokenDelta, _Mapping]] = ..., finished: _Optional[_Union[TokenFinished, _Mapping]] = ...) -> None: ...
 
+class GenerateCommand(_message.Message):
+    __slots__ = ("submit", "cancel_request_id")
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    submit: TokenRequest
+    cancel_request_id: str
+    def __init__(self, submit: _Optional[_Union[TokenRequest, _Mapping]] = ..., cancel_request_id: _Optional[str] = ...) -> None: ...
+
+class TokenEventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[RequestEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[RequestEvent, _Mapping]]] = ...) -> None: ...
+
+class RequestEvent(_message.Message):
+    __slots__ = ("request_id", "token", "failed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token: TokenEvent
+    failed: RequestFailed
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., failed: _Optional[_Union[RequestFailed, _Mapping]] = ...) -> None: ...
+
+class RequestFailed(_message.Message):
+    __slots__ = ("status_code", "reason", "message")
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status_code: int
+    reason: str
+    message: str
+    def __init__(self, status_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
 class TokenDelta(_message.Message):
     __slots__ = ("token_ids",)
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class ReplicaStub:
                 request_serializer=sluice_dot_v1_dot_replica__pb2.TokenRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_replica__pb2.TokenEvent.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/sluice.v1.Replica/GenerateMany',
+                request_serializer=sluice_dot_v1_dot_replica__pb2.GenerateCommand.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_replica__pb2.TokenEventBatch.FromString,
+                _registered_method=True)
         self.WatchState = channel.unary_stream(
                 '/sluice.v1.Replica/WatchState',
                 request_serializer=sluice_dot_v1_dot_replica__pb2.WatchStateRequest.SerializeToString,
@@ -50,7 +55,20 @@ class ReplicaServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Cancelling the call frees the request's KV blocks at the next step.
+        """One request per call. Cancelling the call frees the request's KV blocks
+        at the next step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many requests over one long-lived call (the router keeps one per
+        replica): submits and cancels go in, and everything one engine step
+        produced comes out as one message, instead of a message per request per
+        step (per-message cost in gRPC Python is what a busy relay spends its CPU
+        on). A request's refusal or failure is an event on the call; the call
+        ending or failing ends every request still on it, and frees their blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -69,6 +87,11 @@ def add_ReplicaServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=sluice_dot_v1_dot_replica__pb2.TokenRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_replica__pb2.TokenEvent.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=sluice_dot_v1_dot_replica__pb2.GenerateCommand.FromString,
+                    response_serializer=sluice_dot_v1_dot_replica__pb2.TokenEventBatch.SerializeToString,
             ),
             'WatchState': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchState,
@@ -103,6 +126,33 @@ class Replica:
             '/sluice.v1.Replica/Generate',
             sluice_dot_v1_dot_replica__pb2.TokenRequest.SerializeToString,
             sluice_dot_v1_dot_replica__pb2.TokenEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.Replica/GenerateMany',
+            sluice_dot_v1_dot_replica__pb2.GenerateCommand.SerializeToString,
+            sluice_dot_v1_dot_replica__pb2.TokenEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

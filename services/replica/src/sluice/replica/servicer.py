@@ -1,4 +1,5 @@
-"""Replica gRPC servicer: TokenRequest in, engine stream, TokenEvents out."""
+"""Replica gRPC servicer: token requests in, engine streams, token events out
+(one request per Generate call, or many per GenerateMany call)."""
 
 import asyncio
 import time
@@ -6,21 +7,15 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from sluice.engine.request import FinishReason
 from sluice.model.config import LlamaConfig
 from sluice.replica.engine_loop import EngineLoop
+from sluice.replica.events import failure_info, token_events
 from sluice.replica.metrics import ReplicaCounters
+from sluice.replica.multiplex import MultiplexedRequests
 from sluice.replica.requests import engine_request
 from sluice.replica.streams import RequestStream
 from sluice.rpc.errors import ServiceError
-from sluice.v1 import common_pb2, replica_pb2, replica_pb2_grpc
-
-FINISH_REASONS = {
-    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
-    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
-    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
-}
-
+from sluice.v1 import replica_pb2, replica_pb2_grpc
 
 class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
     def __init__(
@@ -49,25 +44,12 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
             while True:
                 try:
                     outputs = await stream.next_batch()
-                except ValueError as error:  # the engine refused it (can never fit)
-                    raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", str(error)) from error
-                except Exception as error:  # the engine logged the detail
-                    raise ServiceError(grpc.StatusCode.INTERNAL, "engine_error", "the engine step failed") from error
-                token_ids = [t for output in outputs for t in output.new_token_ids]
-                if token_ids:
-                    yield replica_pb2.TokenEvent(tokens=replica_pb2.TokenDelta(token_ids=token_ids))
-                last = outputs[-1]
-                if last.finished:
-                    yield replica_pb2.TokenEvent(
-                        finished=replica_pb2.TokenFinished(
-                            finish_reason=FINISH_REASONS[last.finish_reason],
-                            usage=common_pb2.Usage(
-                                prompt_tokens=last.num_prompt_tokens,
-                                cached_prompt_tokens=last.num_cached_tokens,
-                                output_tokens=last.num_output_tokens,
-                            ),
-                        )
-                    )
+                except Exception as error:
+                    info = failure_info(error)
+                    raise ServiceError(info.status, info.reason, info.message) from error
+                for event in token_events(outputs):
+                    yield event
+                if outputs[-1].finished:
                     return
         finally:
             if not stream.finished:
@@ -75,6 +57,29 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                 # the engine frees the request's blocks before its next step.
                 stream.cancel()
                 self._counters.cancelled_total += 1
+
+    async def GenerateMany(
+        self, request_iterator: AsyncIterator[replica_pb2.GenerateCommand], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[replica_pb2.TokenEventBatch]:
+        requests = MultiplexedRequests(self._engine, self._config, self._counters)
+
+        async def read_commands() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.WhichOneof("command") == "submit":
+                        requests.submit(command.submit)
+                    elif command.WhichOneof("command") == "cancel_request_id":
+                        requests.cancel(command.cancel_request_id)
+            finally:
+                requests.close()  # the caller closed its side: finish what runs, then end
+
+        reader = asyncio.create_task(read_commands())
+        try:
+            while (batch := await requests.next_batch()) is not None:
+                yield batch
+        finally:
+            reader.cancel()
+            requests.cancel_all()  # the call ended or broke: free every request's blocks
 
     async def WatchState(
         self, request: replica_pb2.WatchStateRequest, context: grpc.aio.ServicerContext

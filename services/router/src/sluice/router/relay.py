@@ -5,7 +5,7 @@
       -> replica tokens -> incremental detokenize -> stop strings -> Delta*
       -> Finished (or Error after the stream started)
 
-The replica call is cancelled whenever this generator stops early: a stop
+The replica request is cancelled whenever this generator stops early: a stop
 string matched, or the caller (gateway) cancelled us. Either way the
 scheduler gets the reservation back.
 """
@@ -22,7 +22,7 @@ from sluice.router.metrics import RouterMetrics
 from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
 from sluice.router.replica_channels import ReplicaChannels
-from sluice.rpc.errors import ServiceError, from_rpc_error
+from sluice.rpc.errors import ServiceError
 from sluice.tokenization.detokenizer import IncrementalDetokenizer
 from sluice.tokenization.stop_strings import StopStringMatcher
 from sluice.v1 import common_pb2, replica_pb2, router_pb2, scheduler_pb2
@@ -129,7 +129,7 @@ class Relay:
         dispatch: scheduler_pb2.Dispatch,
     ) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
-        call = self._replicas.stub(dispatch.replica_address).Generate(
+        events = self._replicas.session(dispatch.replica_address).open(
             replica_pb2.TokenRequest(
                 request_id=request.request_id,
                 prompt_token_ids=prompt_ids,
@@ -145,7 +145,7 @@ class Relay:
         num_output_tokens = 0
         started_s = time.monotonic()
         try:
-            async for event in call:
+            async for event in events:
                 if event.WhichOneof("event") == "tokens":
                     token_ids = list(event.tokens.token_ids)
                     num_output_tokens += len(token_ids)
@@ -153,7 +153,7 @@ class Relay:
                     match = stops.feed(detokenizer.push(token_ids))
                     yield _delta(match.emit, token_ids)
                     if match.stopped:
-                        call.cancel()  # frees the replica's KV at its next step
+                        events.cancel()  # frees the replica's KV at its next step
                         yield _finished(common_pb2.FINISH_REASON_STOP, len(prompt_ids), 0, num_output_tokens)
                         return
                 else:
@@ -168,19 +168,18 @@ class Relay:
                     )
                     return
             yield _error("replica_stream_ended", "the replica ended the stream without finishing")
-        except grpc.aio.AioRpcError as error:
+        except ServiceError as failure:
             # Our own cancellation arrives as asyncio.CancelledError, not here:
-            # a CANCELLED status means the replica ended the call (e.g. it is
-            # shutting down), which the caller must hear about in-band.
-            failure = from_rpc_error(error)
+            # a failure here means the replica refused or failed the request, or
+            # its stream ended (e.g. it is shutting down), which the caller
+            # must hear about in-band.
             log.warning(
                 "replica %s failed request %s after %.2fs: %s",
                 dispatch.replica_id, request.request_id, time.monotonic() - started_s, failure.info.message,
             )
             yield _error(failure.info.reason, f"the model replica failed: {failure.info.message}")
         finally:
-            if not call.done():
-                call.cancel()
+            events.cancel()  # a no-op once it finished
 
 
 def _delta(text: str, token_ids: list[int]) -> router_pb2.GenerateEvent:

@@ -1,14 +1,17 @@
-"""One gRPC channel per replica address, opened on first use."""
-
-from sluice.rpc.channels import insecure_channel
-from sluice.v1 import replica_pb2_grpc
+"""One gRPC channel per replica address, opened on first use, and on it the
+router's one GenerateMany session per replica (see replica_session)."""
 
 import grpc
+
+from sluice.router.replica_session import ReplicaSession
+from sluice.rpc.channels import insecure_channel
+from sluice.v1 import replica_pb2_grpc
 
 
 class ReplicaChannels:
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._sessions: dict[str, ReplicaSession] = {}
 
     def stub(self, address: str) -> replica_pb2_grpc.ReplicaStub:
         channel = self._channels.get(address)
@@ -16,7 +19,16 @@ class ReplicaChannels:
             channel = self._channels[address] = insecure_channel(address)
         return replica_pb2_grpc.ReplicaStub(channel)
 
+    def session(self, address: str) -> ReplicaSession:
+        session = self._sessions.get(address)
+        if session is None:
+            session = self._sessions[address] = ReplicaSession(self.stub(address))
+        return session
+
     async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -1,0 +1,43 @@
+"""Engine outputs and failures as the replica's wire events (both Generate RPCs)."""
+
+import grpc
+
+from sluice.engine.plan import RequestOutput
+from sluice.engine.request import FinishReason
+from sluice.rpc.errors import ErrorInfo, ServiceError
+from sluice.v1 import common_pb2, replica_pb2
+
+FINISH_REASONS = {
+    FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: common_pb2.FINISH_REASON_LENGTH,
+    FinishReason.CANCELLED: common_pb2.FINISH_REASON_CANCELLED,
+}
+
+
+def token_events(outputs: list[RequestOutput]) -> list[replica_pb2.TokenEvent]:
+    """One request's outputs, oldest first -> one delta (if any tokens) and,
+    when the last one finished the request, its finished event."""
+    events = []
+    token_ids = [t for output in outputs for t in output.new_token_ids]
+    if token_ids:
+        events.append(replica_pb2.TokenEvent(tokens=replica_pb2.TokenDelta(token_ids=token_ids)))
+    last = outputs[-1]
+    if last.finished:
+        events.append(replica_pb2.TokenEvent(finished=replica_pb2.TokenFinished(
+            finish_reason=FINISH_REASONS[last.finish_reason],
+            usage=common_pb2.Usage(
+                prompt_tokens=last.num_prompt_tokens,
+                cached_prompt_tokens=last.num_cached_tokens,
+                output_tokens=last.num_output_tokens,
+            ),
+        )))
+    return events
+
+
+def failure_info(error: BaseException) -> ErrorInfo:
+    """What the model thread handed a request instead of an output."""
+    if isinstance(error, ServiceError):
+        return error.info
+    if isinstance(error, ValueError):  # the engine refused it (can never fit)
+        return ErrorInfo(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", str(error))
+    return ErrorInfo(grpc.StatusCode.INTERNAL, "engine_error", "the engine step failed")  # detail logged there
