@@ -36,3 +36,23 @@ async def test_closing_early_cancels_the_pending_read():
     assert await stream.__anext__() is None
     await stream.aclose()
     await asyncio.wait_for(cancelled.wait(), timeout=1)  # the source saw the cancellation
+
+
+async def test_a_failing_source_raises_its_error_to_the_consumer():
+    async def failing():
+        yield 1
+        raise ConnectionError("router went away")
+
+    stream = with_heartbeat(failing(), interval_s=1)
+    assert await stream.__anext__() == 1
+    try:
+        await stream.__anext__()
+    except ConnectionError as error:
+        assert str(error) == "router went away"
+    else:
+        raise AssertionError("the source's error was swallowed")
+
+
+async def test_items_arriving_just_under_the_interval_get_no_heartbeats():
+    seen = [item async for item in with_heartbeat(_slow([1, 2, 3, 4], 0.06), interval_s=0.1)]
+    assert seen == [1, 2, 3, 4]

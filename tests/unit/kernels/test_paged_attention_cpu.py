@@ -9,6 +9,7 @@ from sluice.kernels import paged_attention_native as native
 from sluice.kernels.paged_attention_cpu import (
     _length_groups,
     head_major_storage,
+    transposed_storage,
     paged_attention_cpu,
     write_kv_cpu,
 )
@@ -17,15 +18,24 @@ from sluice.kernels.paged_attention_reference import paged_attention, write_kv
 # fp32 throughout; the two differ only in summation order (batched matmul
 # and fused SDPA vs per-head matmuls), which moves results by ~1e-6.
 ATOL = 1e-5
-LAYOUTS = ["block_major", "head_major"]
+LAYOUTS = ["block_major", "head_major", "transposed"]
 
 
 def as_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
-    """The same logical cache, stored block-major (contiguous) or head-major."""
+    """The same logical cache, stored block-major (contiguous), head-major, or
+    head-major with each block transposed (the CPU layout for keys)."""
     if layout == "block_major":
         return cache.clone()
+    if layout == "transposed":
+        storage = cache.permute(2, 0, 3, 1).contiguous()  # [kv_heads, num_blocks, head_dim, block_size]
+        return storage.permute(1, 3, 0, 2)
     storage = cache.permute(2, 0, 1, 3).contiguous()  # [kv_heads, num_blocks, block_size, head_dim]
     return storage.permute(1, 2, 0, 3)
+
+
+def value_layout(layout: str) -> str:
+    """Values are never transposed: transposed keys go with head-major values."""
+    return "head_major" if layout == "transposed" else layout
 
 
 def test_head_major_storage_is_recognised():
@@ -42,12 +52,14 @@ def test_write_kv_cpu_matches_reference(layout):
     value_cache = torch.randn_like(key_cache)
     key, value = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
     slots = torch.tensor([3, 17, -1, 30, 0])  # -1: a padding row, skipped
-    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, layout)
+    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, value_layout(layout))
     write_kv(key, value, key_cache, value_cache, slots)
     write_kv_cpu(key, value, ours_k, ours_v, slots)
     assert torch.equal(ours_k, key_cache) and torch.equal(ours_v, value_cache)
     if layout == "head_major":  # written in place, layout kept
         assert head_major_storage(ours_k) is not None
+    if layout == "transposed":
+        assert transposed_storage(ours_k) is not None and head_major_storage(ours_v) is not None
 
 
 @pytest.fixture(params=["native", "torch"])
@@ -92,7 +104,7 @@ def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, dec
     num_tokens = sum(q_lens)
     query = torch.randn(num_tokens, heads, head_dim)
     key, value = torch.randn(num_tokens, kv_heads, head_dim), torch.randn(num_tokens, kv_heads, head_dim)
-    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, layout)
+    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, value_layout(layout))
     write_kv(key, value, key_cache, value_cache, torch.tensor(slots))
     write_kv_cpu(key, value, ours_k, ours_v, torch.tensor(slots))
     query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)

@@ -31,10 +31,17 @@ def head_major(cache: torch.Tensor) -> torch.Tensor:
     return cache.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
 
 
+def transposed(cache: torch.Tensor) -> torch.Tensor:
+    """The same logical cache stored [kv_heads, num_blocks, head_dim, block_size]."""
+    return cache.permute(2, 0, 3, 1).contiguous().permute(1, 3, 0, 2)
+
+
 def call(b, layout="block_major", **kwargs):
     k, v = b["key_cache"], b["value_cache"]
     if layout == "head_major":
         k, v = head_major(k), head_major(v)
+    if layout == "transposed_keys":
+        k, v = transposed(k), head_major(v)
     return paged_attention_native(b["query"], k, v, b["block_tables"], b["seq_lens"],
                                   b["query_start_loc"], b["query"].shape[-1] ** -0.5, **kwargs)
 
@@ -50,18 +57,19 @@ def test_kernel_is_built_where_a_compiler_is():
     assert native.available()
 
 
-@pytest.mark.parametrize("layout", ["block_major", "head_major"])
+@pytest.mark.parametrize("layout", ["block_major", "head_major", "transposed_keys"])
 @pytest.mark.parametrize(("block_size", "head_dim", "num_heads", "num_kv_heads"), [
-    (16, 32, 8, 4), (32, 64, 4, 1), (16, 128, 4, 4), (16, 64, 8, 2),
+    (16, 32, 8, 4), (32, 64, 4, 1), (16, 128, 4, 4), (16, 64, 8, 2), (8, 32, 4, 2),
 ])
 def test_ragged_batch_matches_reference(layout, block_size, head_dim, num_heads, num_kv_heads):
     b = paged_batch(RAGGED, block_size, num_heads, num_kv_heads, head_dim, seed=block_size + head_dim)
     torch.testing.assert_close(call(b, layout), reference(b), atol=ATOL, rtol=0)
 
 
-def test_odd_head_dim_takes_the_generic_loop():
+@pytest.mark.parametrize("layout", ["block_major", "transposed_keys"])
+def test_odd_head_dim_takes_the_generic_loop(layout):
     b = paged_batch([(5, 1), (40, 7)], 16, 4, 2, 24, seed=3)
-    torch.testing.assert_close(call(b), reference(b), atol=ATOL, rtol=0)
+    torch.testing.assert_close(call(b, layout), reference(b), atol=ATOL, rtol=0)
 
 
 def test_seq_ids_compute_only_those_rows():
@@ -86,6 +94,7 @@ def test_far_apart_scores_underflow_to_zero_weight():
     # 1e-5, so this one is held to the issue's fp32 tolerance, 1e-4.
     b["query"] = b["query"] * 60.0
     torch.testing.assert_close(call(b), reference(b), atol=1e-4, rtol=0)
+    torch.testing.assert_close(call(b, "transposed_keys"), reference(b), atol=1e-4, rtol=0)
 
 
 def test_out_of_range_inputs_are_refused_before_the_kernel_runs():

@@ -5,6 +5,7 @@ mid-context chunk and batched decodes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sluice.model import (
@@ -25,7 +26,7 @@ GREEDY = SampleRequest(SamplingParams(temperature=0.0))
 BLOCK = 4
 
 
-def runners(config) -> tuple[ModelRunner, ModelRunner]:
+def runners(config, layout=KVLayout.HEAD_MAJOR) -> tuple[ModelRunner, ModelRunner]:
     torch.manual_seed(0)
     plain = LlamaModel(config, reference_attention).eval()
     serving = LlamaModel(config, cpu_attention).eval()
@@ -34,15 +35,15 @@ def runners(config) -> tuple[ModelRunner, ModelRunner]:
     serving.use_transposed_lm_head()
     return (
         ModelRunner(plain, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu")),
-        ModelRunner(serving, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu",
-                                                layout=KVLayout.HEAD_MAJOR)),
+        ModelRunner(serving, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu", layout=layout)),
     )
 
 
-def test_serving_path_matches_plain_path(make_config):
+@pytest.mark.parametrize("layout", [KVLayout.HEAD_MAJOR, KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS])
+def test_serving_path_matches_plain_path(make_config, layout):
     config = make_config()
-    plain, serving = runners(config)
-    assert serving.kv_caches[0].layout is KVLayout.HEAD_MAJOR
+    plain, serving = runners(config, layout)
+    assert serving.kv_caches[0].layout is layout
     g = torch.Generator().manual_seed(1)
     a = torch.randint(3, config.vocab_size, (11,), generator=g).tolist()
     b = torch.randint(3, config.vocab_size, (6,), generator=g).tolist()
@@ -96,6 +97,8 @@ def test_reference_backend_refuses_head_major_cache(make_config):
 
 
 def test_layout_choice_and_allocator_tuning():
-    assert preferred_kv_layout(torch.device("cpu")) is KVLayout.HEAD_MAJOR
+    # float32 on CPU: the native kernel's layout (CI builds it); other dtypes: the torch path's.
+    assert preferred_kv_layout(torch.device("cpu")) is KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+    assert preferred_kv_layout(torch.device("cpu"), torch.bfloat16) is KVLayout.HEAD_MAJOR
     assert preferred_kv_layout(torch.device("cuda")) is KVLayout.BLOCK_MAJOR
     assert tune_cpu_allocator() in (True, False)  # glibc: True; elsewhere a no-op

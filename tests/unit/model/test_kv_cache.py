@@ -37,3 +37,17 @@ def test_head_major_layout_keeps_the_logical_shape(make_config):
     assert c.layout is KVLayout.HEAD_MAJOR
     assert c.key_cache.permute(2, 0, 1, 3).is_contiguous()  # storage [kv_heads, blocks, block_size, head_dim]
     assert allocate_kv_caches(config, 5, 16, torch.float32, "cpu")[0].layout is KVLayout.BLOCK_MAJOR
+
+
+def test_transposed_keys_layout_keeps_the_logical_shape(make_config):
+    from sluice.model import KVLayout
+
+    config = make_config()
+    c = allocate_kv_caches(config, num_blocks=5, block_size=16, dtype=torch.float32, device="cpu",
+                           layout=KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS)[0]
+    assert c.key_cache.shape == c.value_cache.shape == (5, 16, 2, 16)
+    assert c.layout is KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+    assert c.key_cache.permute(2, 0, 3, 1).is_contiguous()  # keys [kv_heads, blocks, head_dim, block_size]
+    assert c.value_cache.permute(2, 0, 1, 3).is_contiguous()  # values [kv_heads, blocks, block_size, head_dim]
+    c.key_cache[3, 7, 1, 5] = 2.5  # written through the logical view, found where the layout says
+    assert c.key_cache.permute(2, 0, 3, 1)[1, 3, 5, 7] == 2.5

@@ -10,15 +10,20 @@ attention call.
 
 Every function takes the cache in its logical shape
 ``[num_blocks, block_size, kv_heads, head_dim]`` (the contract of the
-reference and the Triton kernels) and accepts two physical layouts behind
+reference and the Triton kernels) and accepts three physical layouts behind
 that shape:
 
     block-major (contiguous):  storage [num_blocks, block_size, kv_heads, head_dim]
-    head-major  (CPU default): storage [kv_heads, num_blocks, block_size, head_dim]
+    head-major:                storage [kv_heads, num_blocks, block_size, head_dim]
                                logical view = storage.permute(1, 2, 0, 3)
+    transposed keys (keys only, with head-major values; the CPU default
+    where the native kernel is built):
+                               storage [kv_heads, num_blocks, head_dim, block_size]
+                               logical view = storage.permute(1, 3, 0, 2)
 
 Head-major is what the CPU wants: a block of one KV head is one contiguous
-``[block_size, head_dim]`` run, which the native kernel streams through, and
+run, which the native kernel streams through (as ``[head_dim, block_size]``
+for transposed keys: a block's scores are then block_size-wide vector FMAs), and
 one flat `index_select` over ``head * num_blocks + block`` ids gathers every
 sequence's context as ``[kv_heads, S, L, head_dim]`` with a contiguous
 ``[L, head_dim]`` inner layout, which SDPA reads ~2x faster than the strided
@@ -53,6 +58,15 @@ def head_major_storage(cache: torch.Tensor) -> torch.Tensor | None:
     return storage if storage.is_contiguous() else None
 
 
+def transposed_storage(cache: torch.Tensor) -> torch.Tensor | None:
+    """The contiguous ``[kv_heads, num_blocks, head_dim, block_size]`` storage
+    behind a logical cache view, or None when the cache is not stored so.
+    (With one slot per block or a head_dim of 1 the layouts coincide; the
+    head-major reading is tried first.)"""
+    storage = cache.permute(2, 0, 3, 1)  # [kv_heads, num_blocks, head_dim, block_size]
+    return storage if storage.is_contiguous() else None
+
+
 def write_kv_cpu(
     key: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
     value: torch.Tensor,  # [num_tokens, kv_heads, head_dim]
@@ -69,9 +83,13 @@ def write_kv_cpu(
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
     for cache, new in ((key_cache, key), (value_cache, value)):
         storage = head_major_storage(cache)
+        transposed = transposed_storage(cache) if storage is None else None
         if storage is not None:
             flat = storage.view(kv_heads, num_blocks * block_size, head_dim)  # [kv_heads, slots, head_dim]
             flat.index_copy_(1, slot_mapping, new.transpose(0, 1).to(cache.dtype))
+        elif transposed is not None:
+            # [kv_heads, blocks, head_dim, slot]: indexed by (block, slot) pairs -> [T, kv_heads, head_dim]
+            transposed[:, slot_mapping // block_size, :, slot_mapping % block_size] = new.to(cache.dtype)
         else:
             flat = cache.view(num_blocks * block_size, kv_heads, head_dim)  # [slots, kv_heads, head_dim]
             flat.index_copy_(0, slot_mapping, new.to(cache.dtype))
@@ -85,6 +103,14 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) ->
     num_seqs = block_tables.shape[0]
     blocks = block_tables[:, :num_blocks].reshape(-1).long()  # [S * nb]
     storage = head_major_storage(cache)
+    transposed = transposed_storage(cache) if storage is None else None
+    if transposed is not None:
+        total_blocks = transposed.shape[1]
+        head_base = torch.arange(kv_heads, dtype=torch.long)[:, None] * total_blocks  # [kv_heads, 1]
+        flat_ids = (head_base + blocks[None, :]).reshape(-1)  # [kv_heads * S * nb]
+        rows = transposed.view(kv_heads * total_blocks, head_dim, block_size).index_select(0, flat_ids)
+        # rows: [kv_heads * S * nb, head_dim, block_size] -> contiguous [kv_heads, S, L, head_dim]
+        return rows.transpose(1, 2).reshape(kv_heads, num_seqs, num_blocks * block_size, head_dim)
     if storage is None:  # block-major
         rows = cache.index_select(0, blocks)  # [S * nb, block_size, kv_heads, head_dim]
         return rows.view(num_seqs, num_blocks * block_size, kv_heads, head_dim).permute(2, 0, 1, 3)
@@ -144,9 +170,9 @@ def _prefill_one(
     return out[0].transpose(0, 1)  # [q_len, heads, head_dim]
 
 
-def _use_native(query: torch.Tensor, key_cache: torch.Tensor) -> bool:
+def _use_native(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     """The C kernel serves float32 decode rows when this install has it."""
-    return native.available() and query.dtype == key_cache.dtype == torch.float32 and key_cache.stride(3) == 1
+    return native.available() and query.dtype == torch.float32 and native.supports_layout(key_cache, value_cache)
 
 
 def _length_groups(decode: list[int], lens: list[int], block_size: int) -> list[list[int]]:
@@ -190,7 +216,7 @@ def paged_attention_cpu(
     q_lens = [b - a for a, b in zip(starts, starts[1:])]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
     out = torch.zeros_like(query)
-    if decode and _use_native(query, key_cache):
+    if decode and _use_native(query, key_cache, value_cache):
         # Decode rows read their blocks in place (no gather, no padding to the longest).
         paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
                                scale, seq_ids=torch.tensor(decode, dtype=torch.int32), out=out)

@@ -6,8 +6,9 @@ It is an optional build: ``available()`` says whether this install has it,
 and callers fall back to the torch path when it does not.
 
 Same contract as `paged_attention_reference.paged_attention`, float32 only,
-for any cache layout whose head_dim is innermost (block-major and
-head-major both are).
+for any cache layout where values have head_dim innermost and keys have
+head_dim or the block's slots innermost (block-major, head-major, and
+head-major with transposed keys all qualify; the last is the fast one).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ except ImportError:  # built without a C compiler: the torch path serves
 
 def available() -> bool:
     return _native is not None
+
+
+def supports_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Float32 CPU caches the kernel can address (see the module docstring)."""
+    return (
+        key_cache.device.type == value_cache.device.type == "cpu"
+        and key_cache.dtype == value_cache.dtype == torch.float32
+        and value_cache.stride(3) == 1
+        and (key_cache.stride(3) == 1 or key_cache.stride(1) == 1)
+    )
 
 
 def paged_attention_native(
@@ -42,10 +53,11 @@ def paged_attention_native(
     num_blocks, block_size, kv_heads, cache_head_dim = key_cache.shape
     if not (query.dtype == key_cache.dtype == value_cache.dtype == torch.float32):
         raise ValueError("the native kernel takes float32 query and caches")
-    if cache_head_dim != head_dim or num_heads % kv_heads or value_cache.stride() != key_cache.stride():
+    if cache_head_dim != head_dim or num_heads % kv_heads or value_cache.shape != key_cache.shape:
         raise ValueError(f"query {tuple(query.shape)} does not fit cache {tuple(key_cache.shape)}")
-    if key_cache.stride(3) != 1 or query.device.type != "cpu" or key_cache.device.type != "cpu":
-        raise ValueError("the native kernel needs CPU tensors with a contiguous head_dim")
+    if not supports_layout(key_cache, value_cache) or query.device.type != "cpu":
+        raise ValueError("the native kernel needs CPU caches with values' head_dim contiguous and keys' "
+                         "head_dim or slots contiguous")
     query = query.contiguous()
     block_tables = block_tables.to(torch.int32).contiguous()
     seq_lens = seq_lens.to(torch.int32).contiguous()
@@ -69,11 +81,10 @@ def paged_attention_native(
         out = torch.zeros_like(query)
     if not out.is_contiguous() or out.shape != query.shape or out.dtype != torch.float32:
         raise ValueError("out must be a contiguous float32 tensor shaped like query")
-    stride_block, stride_slot, stride_head, _ = key_cache.stride()
     _native.paged_attention_f32(
         query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), query_start_loc.data_ptr(), seq_ids.data_ptr(), out.data_ptr(),
         seq_ids.shape[0], num_heads, kv_heads, head_dim, block_size, block_tables.shape[1],
-        stride_block, stride_slot, stride_head, float(scale), torch.get_num_threads(),
+        key_cache.stride(), value_cache.stride()[:3], float(scale), torch.get_num_threads(),
     )
     return out

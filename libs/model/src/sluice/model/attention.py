@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from sluice.kernels import paged_attention, write_kv
+from sluice.kernels import paged_attention_native
 from sluice.kernels.paged_attention_cpu import paged_attention_cpu, write_kv_cpu
 from sluice.model.kv_cache import KVCache, KVLayout
 
@@ -88,7 +89,7 @@ def cpu_attention(
     scale: float,
 ) -> torch.Tensor:
     """The CPU serving backend: write K/V, then vectorised paged attention.
-    Either KV layout; head-major is the fast one (``preferred_kv_layout``)."""
+    Any KV layout; ``preferred_kv_layout`` names the fast one."""
     write_kv_cpu(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
     return paged_attention_cpu(
         query,
@@ -110,8 +111,14 @@ def default_backend(device: torch.device) -> AttentionBackend:
     return cpu_attention
 
 
-def preferred_kv_layout(device: torch.device) -> KVLayout:
+def preferred_kv_layout(device: torch.device, dtype: torch.dtype = torch.float32) -> KVLayout:
     """The KV cache layout ``default_backend(device)`` runs fastest on: the
-    Triton kernels index block-major caches; the CPU backend gathers head-major
-    ones with one index_select into an SDPA-friendly layout."""
-    return KVLayout.BLOCK_MAJOR if device.type == "cuda" else KVLayout.HEAD_MAJOR
+    Triton kernels index block-major caches; on CPU the native kernel (float32,
+    where built) reads head-major values and transposed keys in place, and the
+    torch path gathers head-major caches with one index_select into an
+    SDPA-friendly layout."""
+    if device.type == "cuda":
+        return KVLayout.BLOCK_MAJOR
+    if dtype == torch.float32 and paged_attention_native.available():
+        return KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+    return KVLayout.HEAD_MAJOR

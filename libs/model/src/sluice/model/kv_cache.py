@@ -18,10 +18,16 @@ class KVLayout(Enum):
                  storage.permute(1, 2, 0, 3); the CPU backend gathers a head's
                  blocks with one index_select into a contiguous [L, head_dim]
                  layout that SDPA reads fast (see sluice.kernels.paged_attention_cpu).
+
+    HEAD_MAJOR_TRANSPOSED_KEYS: values head-major; keys stored
+                 [kv_heads, num_blocks, head_dim, block_size] (key view =
+                 storage.permute(1, 3, 0, 2)), so the native CPU kernel
+                 computes a block's scores as block_size-wide vector FMAs.
     """
 
     BLOCK_MAJOR = "block_major"
     HEAD_MAJOR = "head_major"
+    HEAD_MAJOR_TRANSPOSED_KEYS = "head_major_transposed_keys"
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,12 +47,16 @@ class KVCache:
 
     @property
     def layout(self) -> KVLayout:
-        # Contiguous wins when both hold (one KV head: the two layouts coincide).
-        if self.key_cache.is_contiguous():
+        # Checked in this order where layouts coincide (one KV head, one slot per block).
+        key, value = self.key_cache, self.value_cache
+        if key.is_contiguous() and value.is_contiguous():
             return KVLayout.BLOCK_MAJOR
-        if self.key_cache.permute(2, 0, 1, 3).is_contiguous():
-            return KVLayout.HEAD_MAJOR
-        raise ValueError(f"KV cache with strides {self.key_cache.stride()} has no known layout")
+        if value.permute(2, 0, 1, 3).is_contiguous():
+            if key.permute(2, 0, 1, 3).is_contiguous():
+                return KVLayout.HEAD_MAJOR
+            if key.permute(2, 0, 3, 1).is_contiguous():
+                return KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+        raise ValueError(f"KV cache with strides {key.stride()}, {value.stride()} has no known layout")
 
     @property
     def num_blocks(self) -> int:
@@ -84,10 +94,14 @@ def allocate_kv_caches(
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
     kv_heads, head_dim = config.num_key_value_heads, config.head_dim
 
-    def zeros() -> torch.Tensor:
-        if layout is KVLayout.HEAD_MAJOR:
-            storage = torch.zeros(kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device)
-            return storage.permute(1, 2, 0, 3)  # [num_blocks, block_size, kv_heads, head_dim]
-        return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+    def zeros(transposed: bool = False) -> torch.Tensor:
+        if transposed:
+            storage = torch.zeros(kv_heads, num_blocks, head_dim, block_size, dtype=dtype, device=device)
+            return storage.permute(1, 3, 0, 2)  # [num_blocks, block_size, kv_heads, head_dim]
+        if layout is KVLayout.BLOCK_MAJOR:
+            return torch.zeros(num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
+        storage = torch.zeros(kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device)
+        return storage.permute(1, 2, 0, 3)  # [num_blocks, block_size, kv_heads, head_dim]
 
-    return [KVCache(key_cache=zeros(), value_cache=zeros()) for _ in range(config.num_hidden_layers)]
+    transposed_keys = layout is KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+    return [KVCache(key_cache=zeros(transposed_keys), value_cache=zeros()) for _ in range(config.num_hidden_layers)]

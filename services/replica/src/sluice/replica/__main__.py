@@ -42,7 +42,7 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
         settings.kv_cache_blocks, settings.kv_cache_bytes, settings.gpu_memory_fraction,
     )
     caches = allocate_kv_caches(model.config, num_blocks, settings.block_size_tokens, dtype, device,
-                                layout=preferred_kv_layout(device))
+                                layout=preferred_kv_layout(device, dtype))
     runner = ModelRunner(model, caches)
     core = IterationScheduler(
         SchedulerConfig(
