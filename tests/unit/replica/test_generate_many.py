@@ -1,4 +1,4 @@
-"""Replica.GenerateMany and the router's ReplicaSession over a real gRPC server
+"""Replica.GenerateMany and the router's replica session over a real gRPC server
 on loopback, a real engine loop and the tiny checkpoint.
 
 Many requests share one call: each gets exactly the tokens a call of its own
@@ -25,7 +25,7 @@ from sluice.engine.request import FinishReason
 from sluice.replica.metrics import ReplicaCounters
 from sluice.replica.multiplex import MultiplexedRequests
 from sluice.replica.servicer import ReplicaServicer
-from sluice.router.replica_session import ReplicaSession
+from sluice.router.replica_session import replica_session
 from sluice.rpc.errors import ServiceError
 from sluice.v1 import common_pb2, replica_pb2, replica_pb2_grpc
 
@@ -129,7 +129,7 @@ async def test_requests_on_one_call_get_what_a_call_of_their_own_gives(replica):
 
 
 async def test_refused_and_cancelled_requests_leave_the_others_alone(replica):
-    session = ReplicaSession(replica.stub)
+    session = replica_session(replica.stub)
     try:
         bad = session.open(token_request("bad", [10_000]))  # outside the 128-token vocabulary
         slow = session.open(token_request("slow", PROMPTS["b"], max_tokens=200))
@@ -154,7 +154,7 @@ async def test_refused_and_cancelled_requests_leave_the_others_alone(replica):
 
 
 async def test_the_call_failing_fails_every_request_on_it_and_frees_their_blocks(replica):
-    session = ReplicaSession(replica.stub)
+    session = replica_session(replica.stub)
     try:
         streams = [session.open(token_request(f"r{i}", PROMPTS["b"], max_tokens=200)) for i in range(3)]
         for stream in streams:
@@ -173,7 +173,7 @@ async def test_the_call_failing_fails_every_request_on_it_and_frees_their_blocks
 
 async def test_a_new_request_after_a_failed_call_opens_a_new_call(tiny_checkpoint):
     async with Replica(tiny_checkpoint.path) as first:
-        session = ReplicaSession(first.stub)
+        session = replica_session(first.stub)
         stream = session.open(token_request("x", PROMPTS["a"]))
         events = [event async for event in stream]
         assert events[-1].WhichOneof("event") == "finished"

@@ -24,21 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/common.proto\x12\tsluice.v1\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x12\n\nmin_tokens\x18\x08 \x01(\rB\x07\n\x05_seed\"S\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\x12\x15\n\routput_tokens\x18\x03 \x01(\r\"d\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x1a\n\x12reserved_kv_blocks\x18\x03 \x01(\r\x12\x19\n\x11\x65xpires_at_unix_s\x18\x04 \x01(\x01*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/common.proto\x12\tsluice.v1\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x12\n\nmin_tokens\x18\x08 \x01(\rB\x07\n\x05_seed\"S\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\x12\x15\n\routput_tokens\x18\x03 \x01(\r\"d\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x1a\n\x12reserved_kv_blocks\x18\x03 \x01(\r\x12\x19\n\x11\x65xpires_at_unix_s\x18\x04 \x01(\x01\"s\n\rRequestFailed\x12\x13\n\x0bstatus_code\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x1a\n\rretry_after_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_retry_after_s*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x02*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sluice.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=400
-  _globals['_SERVICECLASS']._serialized_end=501
-  _globals['_FINISHREASON']._serialized_start=504
-  _globals['_FINISHREASON']._serialized_end=653
+  _globals['_SERVICECLASS']._serialized_start=517
+  _globals['_SERVICECLASS']._serialized_end=618
+  _globals['_FINISHREASON']._serialized_start=621
+  _globals['_FINISHREASON']._serialized_end=770
   _globals['_SAMPLINGPARAMS']._serialized_start=38
   _globals['_SAMPLINGPARAMS']._serialized_end=211
   _globals['_USAGE']._serialized_start=213
   _globals['_USAGE']._serialized_end=296
   _globals['_LEASE']._serialized_start=298
   _globals['_LEASE']._serialized_end=398
+  _globals['_REQUESTFAILED']._serialized_start=400
+  _globals['_REQUESTFAILED']._serialized_end=515
 # @@protoc_insertion_point(module_scope)

@@ -70,3 +70,15 @@ class Lease(_message.Message):
     reserved_kv_blocks: int
     expires_at_unix_s: float
     def __init__(self, lease_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., reserved_kv_blocks: _Optional[int] = ..., expires_at_unix_s: _Optional[float] = ...) -> None: ...
+
+class RequestFailed(_message.Message):
+    __slots__ = ("status_code", "reason", "message", "retry_after_s")
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    status_code: int
+    reason: str
+    message: str
+    retry_after_s: float
+    def __init__(self, status_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...

@@ -54,18 +54,8 @@ class RequestEvent(_message.Message):
     FAILED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token: TokenEvent
-    failed: RequestFailed
-    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., failed: _Optional[_Union[RequestFailed, _Mapping]] = ...) -> None: ...
-
-class RequestFailed(_message.Message):
-    __slots__ = ("status_code", "reason", "message")
-    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
-    REASON_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    status_code: int
-    reason: str
-    message: str
-    def __init__(self, status_code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    failed: _common_pb2.RequestFailed
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.RequestFailed, _Mapping]] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
     __slots__ = ("token_ids",)

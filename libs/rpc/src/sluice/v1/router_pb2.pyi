@@ -91,6 +91,30 @@ class Error(_message.Message):
     message: str
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class RouterCommand(_message.Message):
+    __slots__ = ("generate", "cancel_request_id")
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    generate: GenerateRequest
+    cancel_request_id: str
+    def __init__(self, generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel_request_id: _Optional[str] = ...) -> None: ...
+
+class GenerateEventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[RoutedEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[RoutedEvent, _Mapping]]] = ...) -> None: ...
+
+class RoutedEvent(_message.Message):
+    __slots__ = ("request_id", "event", "failed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    event: GenerateEvent
+    failed: _common_pb2.RequestFailed
+    def __init__(self, request_id: _Optional[str] = ..., event: _Optional[_Union[GenerateEvent, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.RequestFailed, _Mapping]] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -39,6 +39,11 @@ class RouterStub:
                 request_serializer=sluice_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_router__pb2.GenerateEvent.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/sluice.v1.Router/GenerateMany',
+                request_serializer=sluice_dot_v1_dot_router__pb2.RouterCommand.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_router__pb2.GenerateEventBatch.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/sluice.v1.Router/ListModels',
                 request_serializer=sluice_dot_v1_dot_router__pb2.ListModelsRequest.SerializeToString,
@@ -60,6 +65,18 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateMany(self, request_iterator, context):
+        """Many requests over one long-lived call (a gateway process keeps one per
+        router): requests and cancels in; out, everything the router has for
+        the caller when its event loop comes round, as one message (in practice
+        one per replica step) instead of one message per token per request.
+        A refusal that Generate would return as a status is an event here; the
+        call ending or failing ends every request on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -73,6 +90,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=sluice_dot_v1_dot_router__pb2.GenerateRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_router__pb2.GenerateEvent.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=sluice_dot_v1_dot_router__pb2.RouterCommand.FromString,
+                    response_serializer=sluice_dot_v1_dot_router__pb2.GenerateEventBatch.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -107,6 +129,33 @@ class Router:
             '/sluice.v1.Router/Generate',
             sluice_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
             sluice_dot_v1_dot_router__pb2.GenerateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.Router/GenerateMany',
+            sluice_dot_v1_dot_router__pb2.RouterCommand.SerializeToString,
+            sluice_dot_v1_dot_router__pb2.GenerateEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

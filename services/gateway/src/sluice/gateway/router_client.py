@@ -1,6 +1,12 @@
-"""The gateway's only upstream: the router."""
+"""The gateway's only upstream: the router.
 
-from collections.abc import AsyncIterator
+Generation goes over one Router.GenerateMany call per gateway process
+(sluice.rpc.multiplex_client): the router batches every stream's events
+into one message per replica step, which is most of what makes relaying
+tokens cheap.
+"""
+
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -9,16 +15,33 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE
 from sluice.rpc.errors import ServiceError, from_rpc_error
-from sluice.v1 import router_pb2, router_pb2_grpc
+from sluice.rpc.multiplex_client import MultiplexClient, MultiplexProtocol
+from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
 class OpenedStream:
-    """A Generate call whose first event has arrived (so it was admitted)."""
+    """A request whose first event has arrived (so it was admitted).
 
-    call: grpc.aio.UnaryStreamCall
+    Iterating ``rest`` raises ServiceError if the router or the call fails;
+    ``cancel`` stops the request upstream (a no-op once it ended)."""
+
     first_event: router_pb2.GenerateEvent
     rest: AsyncIterator[router_pb2.GenerateEvent]
+    cancel: Callable[[], None]
+
+
+def _events(batch: router_pb2.GenerateEventBatch) -> Iterator[
+        tuple[str, router_pb2.GenerateEvent | None, common_pb2.RequestFailed | None]]:
+    for routed in batch.events:
+        if routed.WhichOneof("outcome") == "failed":
+            yield routed.request_id, None, routed.failed
+        else:
+            yield routed.request_id, routed.event, None
+
+
+def _is_last(event: router_pb2.GenerateEvent) -> bool:
+    return event.WhichOneof("event") in ("finished", "error")
 
 
 class RouterClient:
@@ -26,22 +49,30 @@ class RouterClient:
         self._channel = insecure_channel(address)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._generation = MultiplexClient(
+            MultiplexProtocol(
+                open_call=self._stub.GenerateMany,
+                request_id=lambda request: request.request_id,
+                submit=lambda request: router_pb2.RouterCommand(generate=request),
+                cancel=lambda request_id: router_pb2.RouterCommand(cancel_request_id=request_id),
+                events=_events,
+                is_last=_is_last,
+            ),
+            name="router-session",
+        )
 
     async def open_stream(self, request: router_pb2.GenerateRequest) -> OpenedStream:
-        """Start Generate and wait for its first event; a refusal raises
+        """Send the request and wait for its first event; a refusal raises
         ServiceError before any byte is sent to the client."""
-        call = self._stub.Generate(request)
-        events = call.__aiter__()
+        events = self._generation.open(request)
         try:
             first = await events.__anext__()
-        except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
         except StopAsyncIteration:
             raise ServiceError(grpc.StatusCode.INTERNAL, "internal_error", "router ended the stream at once") from None
         except BaseException:
-            call.cancel()
+            events.cancel()
             raise
-        return OpenedStream(call, first, events)
+        return OpenedStream(first, events, events.cancel)
 
     async def list_models(self) -> router_pb2.ListModelsResponse:
         try:
@@ -58,4 +89,5 @@ class RouterClient:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     async def close(self) -> None:
+        await self._generation.close()
         await self._channel.close()

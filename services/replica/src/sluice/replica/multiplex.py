@@ -29,7 +29,7 @@ from sluice.replica.engine_loop import EngineLoop
 from sluice.replica.events import failure_info, token_events
 from sluice.replica.metrics import ReplicaCounters
 from sluice.replica.requests import engine_request
-from sluice.rpc.errors import ErrorInfo, ServiceError
+from sluice.rpc.errors import ErrorInfo, ServiceError, request_failed
 from sluice.v1 import replica_pb2
 
 
@@ -104,8 +104,7 @@ class MultiplexedRequests:
             if request_id in self._active or isinstance(item, ErrorInfo):
                 self._active.discard(request_id)
                 events.extend(self._token_events(request_id, waiting.pop(request_id, [])))
-                events.append(replica_pb2.RequestEvent(request_id=request_id, failed=replica_pb2.RequestFailed(
-                    status_code=failure.status.value[0], reason=failure.reason, message=failure.message)))
+                events.append(replica_pb2.RequestEvent(request_id=request_id, failed=request_failed(failure)))
         for request_id, outputs in waiting.items():
             events.extend(self._token_events(request_id, outputs))
             if outputs[-1].finished:

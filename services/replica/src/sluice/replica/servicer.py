@@ -15,6 +15,7 @@ from sluice.replica.multiplex import MultiplexedRequests
 from sluice.replica.requests import engine_request
 from sluice.replica.streams import RequestStream
 from sluice.rpc.errors import ServiceError
+from sluice.rpc.multiplex_server import serve_multiplexed
 from sluice.v1 import replica_pb2, replica_pb2_grpc
 
 class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
@@ -63,23 +64,14 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
     ) -> AsyncIterator[replica_pb2.TokenEventBatch]:
         requests = MultiplexedRequests(self._engine, self._config, self._counters)
 
-        async def read_commands() -> None:
-            try:
-                async for command in request_iterator:
-                    if command.WhichOneof("command") == "submit":
-                        requests.submit(command.submit)
-                    elif command.WhichOneof("command") == "cancel_request_id":
-                        requests.cancel(command.cancel_request_id)
-            finally:
-                requests.close()  # the caller closed its side: finish what runs, then end
+        def apply(command: replica_pb2.GenerateCommand) -> None:
+            if command.WhichOneof("command") == "submit":
+                requests.submit(command.submit)
+            elif command.WhichOneof("command") == "cancel_request_id":
+                requests.cancel(command.cancel_request_id)
 
-        reader = asyncio.create_task(read_commands())
-        try:
-            while (batch := await requests.next_batch()) is not None:
-                yield batch
-        finally:
-            reader.cancel()
-            requests.cancel_all()  # the call ended or broke: free every request's blocks
+        async for batch in serve_multiplexed(request_iterator, apply, requests):
+            yield batch
 
     async def WatchState(
         self, request: replica_pb2.WatchStateRequest, context: grpc.aio.ServicerContext

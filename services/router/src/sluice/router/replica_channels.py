@@ -3,15 +3,16 @@ router's one GenerateMany session per replica (see replica_session)."""
 
 import grpc
 
-from sluice.router.replica_session import ReplicaSession
+from sluice.router.replica_session import replica_session
+from sluice.rpc.multiplex_client import MultiplexClient
 from sluice.rpc.channels import insecure_channel
-from sluice.v1 import replica_pb2_grpc
+from sluice.v1 import replica_pb2, replica_pb2_grpc
 
 
 class ReplicaChannels:
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._sessions: dict[str, ReplicaSession] = {}
+        self._sessions: dict[str, MultiplexClient[replica_pb2.TokenEvent]] = {}
 
     def stub(self, address: str) -> replica_pb2_grpc.ReplicaStub:
         channel = self._channels.get(address)
@@ -19,10 +20,10 @@ class ReplicaChannels:
             channel = self._channels[address] = insecure_channel(address)
         return replica_pb2_grpc.ReplicaStub(channel)
 
-    def session(self, address: str) -> ReplicaSession:
+    def session(self, address: str) -> MultiplexClient[replica_pb2.TokenEvent]:
         session = self._sessions.get(address)
         if session is None:
-            session = self._sessions[address] = ReplicaSession(self.stub(address))
+            session = self._sessions[address] = replica_session(self.stub(address))
         return session
 
     async def close(self) -> None:

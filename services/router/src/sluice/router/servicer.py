@@ -5,7 +5,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from sluice.router.models import ModelRegistry
+from sluice.router.multiplex import RoutedRequests
 from sluice.router.relay import Relay
+from sluice.rpc.multiplex_server import serve_multiplexed
 from sluice.v1 import router_pb2, router_pb2_grpc
 
 
@@ -19,6 +21,20 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     ) -> AsyncIterator[router_pb2.GenerateEvent]:
         async for event in self._relay.generate(request):
             yield event
+
+    async def GenerateMany(
+        self, request_iterator: AsyncIterator[router_pb2.RouterCommand], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[router_pb2.GenerateEventBatch]:
+        routed = RoutedRequests(self._relay)
+
+        def apply(command: router_pb2.RouterCommand) -> None:
+            if command.WhichOneof("command") == "generate":
+                routed.submit(command.generate)
+            elif command.WhichOneof("command") == "cancel_request_id":
+                routed.cancel(command.cancel_request_id)
+
+        async for batch in serve_multiplexed(request_iterator, apply, routed):
+            yield batch
 
     async def ListModels(
         self, request: router_pb2.ListModelsRequest, context: grpc.aio.ServicerContext

@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import grpc
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -31,7 +30,7 @@ from sluice.gateway.schemas import ChatCompletionRequest, CompletionRequest, par
 from sluice.gateway.state import GatewayState
 from sluice.gateway.translate import generate_request
 from sluice.limits import estimate_tokens
-from sluice.rpc.errors import ServiceError, from_rpc_error
+from sluice.rpc.errors import ServiceError
 from sluice.v1 import common_pb2, router_pb2
 
 log = logging.getLogger(__name__)
@@ -190,15 +189,14 @@ async def _sse_events(
                 yield sse.event(_stream_error(event.error).body())
                 break
         yield sse.DONE
-    except grpc.aio.AioRpcError as error:
+    except ServiceError as failure:  # the router or the call to it failed mid-stream
         outcome = "error"
-        failure = from_rpc_error(error)
         yield sse.event(ApiError(500, failure.info.message, failure.info.reason).body())
         yield sse.DONE
     finally:
         # Reached on normal end and on cancellation (the client went away):
-        # cancelling the router call propagates to the replica.
-        opened.call.cancel()
+        # cancelling upstream propagates to the replica.
+        opened.cancel()
         if not ticket.finished:
             state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=outcome == "error")))
         state.metrics.streams_active.dec()
@@ -220,7 +218,7 @@ async def _collect(
         disconnect.cancel()
         if not collector.done():
             collector.cancel()
-            opened.call.cancel()
+            opened.cancel()
     if collector not in done:
         state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=False)))
         state.metrics.requests_total.labels(fmt.model, "499", "cancelled").inc()
@@ -251,8 +249,8 @@ async def _gather(opened: OpenedStream, progress: Progress) -> router_pb2.Finish
                 return event.finished
             elif kind == "error":
                 raise _stream_error(event.error)
-    except grpc.aio.AioRpcError as error:
-        raise from_service_error(from_rpc_error(error)) from None
+    except ServiceError as failure:
+        raise from_service_error(failure) from None
     raise ApiError(500, "The generation ended without finishing.", "internal_error")
 
 
