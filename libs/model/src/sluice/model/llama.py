@@ -20,6 +20,9 @@ from sluice.model.rope import RotaryEmbedding, apply_rotary
 
 __all__ = ["AttentionMetadata", "LlamaModel", "RMSNorm"]
 
+# Vocabulary columns per LM-head GEMM on CPU (see LlamaModel.use_transposed_lm_head).
+LM_HEAD_CHUNK_COLUMNS = 4096
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -213,17 +216,29 @@ class LlamaModel(nn.Module):
             layer.mlp.fuse_projections()
 
     def use_transposed_lm_head(self) -> None:
-        """Keep a row-major [hidden, vocab] copy of the LM head for logits.
+        """Keep a row-major [hidden, vocab] copy of the LM head for logits, in
+        column chunks of LM_HEAD_CHUNK_COLUMNS.
 
         On CPU the head is the biggest GEMM of a decode step (vocab x hidden
-        per sampled row), and a plain mm against the transposed copy runs
-        ~25% faster than F.linear. It costs one more copy of the head, so
-        the loader does this on CPU only (GPUs handle the transpose free)."""
-        self._lm_head_t = self.lm_head.weight.detach().t().contiguous()  # [hidden, vocab]
+        per sampled row). A plain mm against the transposed copy runs ~25%
+        faster than F.linear, and chunking the vocabulary another ~10%: each
+        chunk's output block (rows x 4,096 floats, ~1 MB at 64 rows) stays in
+        cache while it is computed, where the whole [rows, vocab] output does
+        not. It costs one more copy of the head, so the loader does this on
+        CPU only (GPUs handle the transpose free)."""
+        head_t = self.lm_head.weight.detach().t()  # [hidden, vocab], a view
+        vocab = head_t.shape[1]
+        self._lm_head_t = [head_t[:, start : start + LM_HEAD_CHUNK_COLUMNS].contiguous()
+                           for start in range(0, vocab, LM_HEAD_CHUNK_COLUMNS)]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]. Pass only the rows you sample."""
-        head_t = getattr(self, "_lm_head_t", None)
-        if head_t is not None:
-            return torch.mm(hidden, head_t).float()  # [N, vocab]
-        return self.lm_head(hidden).float()
+        chunks = getattr(self, "_lm_head_t", None)
+        if chunks is None:
+            return self.lm_head(hidden).float()
+        logits = hidden.new_empty(hidden.shape[0], self.config.vocab_size)  # [N, vocab]
+        start = 0
+        for chunk in chunks:  # each [hidden, <= LM_HEAD_CHUNK_COLUMNS]
+            torch.mm(hidden, chunk, out=logits[:, start : start + chunk.shape[1]])
+            start += chunk.shape[1]
+        return logits.float()
