@@ -138,14 +138,31 @@ static inline __attribute__((always_inline)) void scores_from_columns(const Page
         const float *k_block = k_head + (int64_t)table[b] * a->k_stride_block;
         if (first_head && b + 1 < num_blocks)
             prefetch_block(k_head + (int64_t)table[b + 1] * a->k_stride_block, D, a->k_stride_d, BS);
-        float acc[BS];
-        for (int64_t j = 0; j < BS; ++j) acc[j] = 0.0f;
-        for (int64_t d = 0; d < D; ++d) {
+        /* Four partial sums over interleaved dimensions: one accumulator
+         * would chain every FMA on the previous one's latency. */
+        float acc0[BS], acc1[BS], acc2[BS], acc3[BS];
+        for (int64_t j = 0; j < BS; ++j) acc0[j] = acc1[j] = acc2[j] = acc3[j] = 0.0f;
+        int64_t d = 0;
+        for (; d + 4 <= D; d += 4) {
+            const float *c0 = k_block + d * a->k_stride_d, *c1 = c0 + a->k_stride_d;
+            const float *c2 = c1 + a->k_stride_d, *c3 = c2 + a->k_stride_d;
+            const float q0 = qg[d], q1 = qg[d + 1], q2 = qg[d + 2], q3 = qg[d + 3];
+#pragma omp simd
+            for (int64_t j = 0; j < BS; ++j) {
+                acc0[j] += q0 * c0[j];
+                acc1[j] += q1 * c1[j];
+                acc2[j] += q2 * c2[j];
+                acc3[j] += q3 * c3[j];
+            }
+        }
+        for (; d < D; ++d) {
             const float qd = qg[d];
             const float *column = k_block + d * a->k_stride_d;
 #pragma omp simd
-            for (int64_t j = 0; j < BS; ++j) acc[j] += qd * column[j];
+            for (int64_t j = 0; j < BS; ++j) acc0[j] += qd * column[j];
         }
+        float acc[BS];
+        for (int64_t j = 0; j < BS; ++j) acc[j] = (acc0[j] + acc1[j]) + (acc2[j] + acc3[j]);
         const int64_t n = visible - b * BS < BS ? visible - b * BS : BS;
         for (int64_t j = 0; j < n; ++j) s[b * BS + j] = acc[j];
     }
@@ -203,20 +220,35 @@ static inline __attribute__((always_inline)) void attend_one_d(const PagedArgs *
         /* Weighted sum of values, accumulated in registers per query head. */
         for (int64_t g = 0; g < G; ++g) {
             const float *s = scores + g * visible;
-            float acc[D];
-            for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
+            /* Rows alternate between two accumulators, for the same reason
+             * as the scores' four. */
+            float acc0[D], acc1[D];
+            for (int64_t d = 0; d < D; ++d) acc0[d] = acc1[d] = 0.0f;
             for (int64_t b = 0; b < num_blocks; ++b) {
                 const float *v_block = v_head + (int64_t)table[b] * a->v_stride_block;
                 if (g == 0 && b + 1 < num_blocks)
                     prefetch_block(v_head + (int64_t)table[b + 1] * a->v_stride_block, bs, a->v_stride_slot, D);
                 const int64_t n = visible - b * bs < bs ? visible - b * bs : bs;
-                for (int64_t j = 0; j < n; ++j) {
-                    const float *v = v_block + j * a->v_stride_slot;
-                    const float w = s[b * bs + j];
+                const float *w = s + b * bs;
+                int64_t j = 0;
+                for (; j + 2 <= n; j += 2) {
+                    const float *v0 = v_block + j * a->v_stride_slot, *v1 = v0 + a->v_stride_slot;
+                    const float w0 = w[j], w1 = w[j + 1];
 #pragma omp simd
-                    for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
+                    for (int64_t d = 0; d < D; ++d) {
+                        acc0[d] += w0 * v0[d];
+                        acc1[d] += w1 * v1[d];
+                    }
+                }
+                if (j < n) {
+                    const float *v0 = v_block + j * a->v_stride_slot;
+                    const float w0 = w[j];
+#pragma omp simd
+                    for (int64_t d = 0; d < D; ++d) acc0[d] += w0 * v0[d];
                 }
             }
+            float acc[D];
+            for (int64_t d = 0; d < D; ++d) acc[d] = acc0[d] + acc1[d];
             for (int64_t d = 0; d < D; ++d) o[g * D + d] = acc[d] * inv_sum[g];
         }
     }
