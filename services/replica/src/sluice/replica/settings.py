@@ -14,7 +14,11 @@ class ReplicaSettings(SluiceSettings):
     kv_cache_bytes: int = Field(512 * 1024 * 1024, ge=0, description="KV bytes (CPU default 512 MiB)")
     gpu_memory_fraction: float = Field(0.9, gt=0, le=1, description="share of free CUDA memory for KV")
     block_size_tokens: int = Field(16, ge=1, description="tokens per KV block")
-    max_num_batched_tokens: int = Field(512, ge=1, description="token budget per engine step")
+    # 2048, as vLLM's CPU server: a burst of prompts prefills in a few large
+    # steps (measured on the tiny model: p99 TTFT of a 64-prompt burst ~0.6 s
+    # vs ~1.0 s at 512). A lower budget keeps inter-token latency steadier
+    # while long prompts prefill, at that cost.
+    max_num_batched_tokens: int = Field(2048, ge=1, description="token budget per engine step")
     max_num_seqs: int = Field(128, ge=1, description="sequences resident at once")
     state_interval_s: float = Field(0.25, gt=0, description="how often WatchState reports")
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
