@@ -32,7 +32,7 @@ def runners(config, layout=KVLayout.HEAD_MAJOR) -> tuple[ModelRunner, ModelRunne
     serving = LlamaModel(config, cpu_attention).eval()
     serving.load_state_dict(plain.state_dict())
     serving.fuse_projections()
-    serving.use_transposed_lm_head()
+    serving.pack_for_cpu()
     return (
         ModelRunner(plain, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu")),
         ModelRunner(serving, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu", layout=layout)),

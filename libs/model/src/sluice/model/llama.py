@@ -15,13 +15,11 @@ from torch import nn
 
 from sluice.model.attention import AttentionBackend, AttentionMetadata, reference_attention
 from sluice.model.config import LlamaConfig
+from sluice.model.cpu_linear import PackedLinear
 from sluice.model.kv_cache import KVCache
 from sluice.model.rope import RotaryEmbedding, apply_rotary
 
 __all__ = ["AttentionMetadata", "LlamaModel", "RMSNorm"]
-
-# Vocabulary columns per LM-head GEMM on CPU (see LlamaModel.use_transposed_lm_head).
-LM_HEAD_CHUNK_COLUMNS = 4096
 
 
 class RMSNorm(nn.Module):
@@ -75,9 +73,17 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         # Set by fuse_projections(): q/k/v as one [(heads + 2 * kv_heads) * head_dim, hidden] GEMM.
         self._qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        # Set by pack_for_cpu(): the same GEMMs through oneDNN (see cpu_linear).
+        self._qkv_packed: PackedLinear | None = None
+        self._o_packed: PackedLinear | None = None
 
     def fuse_projections(self) -> None:
         self._qkv = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def pack_for_cpu(self) -> None:
+        assert self._qkv is not None, "fuse_projections first"
+        self._qkv_packed = PackedLinear.pack(*self._qkv)
+        self._o_packed = PackedLinear.pack(self.o_proj.weight, self.o_proj.bias)
 
     def forward(
         self,
@@ -89,7 +95,8 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         if self._qkv is not None:
-            qkv = F.linear(x, *self._qkv)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+            # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+            qkv = self._qkv_packed(x) if self._qkv_packed is not None else F.linear(x, *self._qkv)
             q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
         else:
@@ -101,8 +108,8 @@ class LlamaAttention(nn.Module):
         # k, v: [T, num_kv_heads, head_dim]
         q, k = apply_rotary(q, k, cos, sin)
         out = self.backend(q, k, v, kv_cache, attn, self.scale)  # [T, num_heads, head_dim]
-        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
-        # o_proj input: [T, num_heads * head_dim]
+        out = out.reshape(num_tokens, self.num_heads * self.head_dim)  # [T, num_heads * head_dim]
+        return self._o_packed(out) if self._o_packed is not None else self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):
@@ -116,11 +123,22 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
         # Set by fuse_projections(): gate and up as one [2 * inter, hidden] GEMM.
         self._gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        # Set by pack_for_cpu(): the same GEMMs through oneDNN (see cpu_linear).
+        self._gate_up_packed: PackedLinear | None = None
+        self._down_packed: PackedLinear | None = None
 
     def fuse_projections(self) -> None:
         self._gate_up = fuse_linears([self.gate_proj, self.up_proj])
 
+    def pack_for_cpu(self) -> None:
+        assert self._gate_up is not None, "fuse_projections first"
+        self._gate_up_packed = PackedLinear.pack(*self._gate_up)
+        self._down_packed = PackedLinear.pack(self.down_proj.weight, self.down_proj.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._gate_up_packed is not None and self._down_packed is not None:
+            gate, up = self._gate_up_packed(x).chunk(2, dim=-1)  # each [T, inter]
+            return self._down_packed(F.silu(gate) * up)
         if self._gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         gate_up = F.linear(x, *self._gate_up)  # [T, 2 * inter]
@@ -203,8 +221,8 @@ class LlamaModel(nn.Module):
         super()._apply(fn, recurse)
         if getattr(self, "_fused", False):
             self.fuse_projections()
-        if getattr(self, "_lm_head_t", None) is not None:
-            self.use_transposed_lm_head()
+        if getattr(self, "_lm_head_packed", None) is not None:
+            self.pack_for_cpu()
         return self
 
     def fuse_projections(self) -> None:
@@ -215,30 +233,22 @@ class LlamaModel(nn.Module):
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
 
-    def use_transposed_lm_head(self) -> None:
-        """Keep a row-major [hidden, vocab] copy of the LM head for logits, in
-        column chunks of LM_HEAD_CHUNK_COLUMNS.
-
-        On CPU the head is the biggest GEMM of a decode step (vocab x hidden
-        per sampled row). A plain mm against the transposed copy runs ~25%
-        faster than F.linear, and chunking the vocabulary another ~10%: each
-        chunk's output block (rows x 4,096 floats, ~1 MB at 64 rows) stays in
-        cache while it is computed, where the whole [rows, vocab] output does
-        not. It costs one more copy of the head, so the loader does this on
-        CPU only (GPUs handle the transpose free)."""
-        head_t = self.lm_head.weight.detach().t()  # [hidden, vocab], a view
-        vocab = head_t.shape[1]
-        self._lm_head_t = [head_t[:, start : start + LM_HEAD_CHUNK_COLUMNS].contiguous()
-                           for start in range(0, vocab, LM_HEAD_CHUNK_COLUMNS)]
+    def pack_for_cpu(self) -> None:
+        """Run every linear (the fused q/k/v and gate/up, o, down and the LM
+        head) through oneDNN with packed weights (see ``cpu_linear``; the
+        loader does this for float32 on CPU where torch has oneDNN). The
+        packed copies cost one more copy of the weights; the modules keep
+        their own, so names and ``state_dict`` do not change."""
+        if not getattr(self, "_fused", False):
+            self.fuse_projections()
+        for layer in self.layers:
+            layer.self_attn.pack_for_cpu()
+            layer.mlp.pack_for_cpu()
+        self._lm_head_packed = PackedLinear.pack(self.lm_head.weight)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]. Pass only the rows you sample."""
-        chunks = getattr(self, "_lm_head_t", None)
-        if chunks is None:
-            return self.lm_head(hidden).float()
-        logits = hidden.new_empty(hidden.shape[0], self.config.vocab_size)  # [N, vocab]
-        start = 0
-        for chunk in chunks:  # each [hidden, <= LM_HEAD_CHUNK_COLUMNS]
-            torch.mm(hidden, chunk, out=logits[:, start : start + chunk.shape[1]])
-            start += chunk.shape[1]
-        return logits.float()
+        head = getattr(self, "_lm_head_packed", None)
+        if head is not None:
+            return head(hidden).float()
+        return self.lm_head(hidden).float()

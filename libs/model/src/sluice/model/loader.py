@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from sluice.model.config import LlamaConfig
+from sluice.model.cpu_linear import onednn_linear_available
 from sluice.model.llama import AttentionBackend, LlamaModel
 
 SINGLE_FILE = "model.safetensors"
@@ -91,8 +92,8 @@ def load_llama(
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not fit the config: " + "; ".join(problems))
     model.fuse_projections()
-    if torch.device(device).type == "cpu":
-        model.use_transposed_lm_head()
+    if torch.device(device).type == "cpu" and onednn_linear_available(dtype):
+        model.pack_for_cpu()
     return model
 
 
