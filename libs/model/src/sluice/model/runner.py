@@ -141,9 +141,10 @@ class ModelRunner:
         seq_lens = starts + q_lens  # [S]
 
         max_blocks = max(len(s.block_table) for s in seqs)
-        block_tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)  # [S, max_blocks]
-        for i, s in enumerate(seqs):
-            block_tables[i, : len(s.block_table)] = torch.as_tensor(s.block_table, dtype=torch.int32)
+        # One tensor from padded rows: a row-by-row copy costs a tensor per sequence.
+        block_tables = torch.tensor(
+            [[*s.block_table, *[0] * (max_blocks - len(s.block_table))] for s in seqs], dtype=torch.int32
+        )  # [S, max_blocks], rows padded with 0
 
         input_ids = torch.tensor(list(chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.int64)
         seq_of_token = torch.repeat_interleave(torch.arange(len(seqs)), q_lens)  # [T]
