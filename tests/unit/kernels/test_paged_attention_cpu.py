@@ -4,7 +4,6 @@ physical KV layouts behind the logical [num_blocks, block_size, kv_heads, head_d
 import pytest
 import torch
 
-from sluice.kernels import paged_attention_cpu as paged_attention_cpu_module
 from sluice.kernels import paged_attention_native as native
 from sluice.kernels.paged_attention_cpu import (
     _length_groups,
@@ -46,7 +45,7 @@ def test_head_major_storage_is_recognised():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_write_kv_cpu_matches_reference(layout):
+def test_write_kv_cpu_matches_reference(layout, cpu_path):
     torch.manual_seed(0)
     key_cache = torch.randn(8, 4, 2, 16)
     value_cache = torch.randn_like(key_cache)
@@ -63,12 +62,12 @@ def test_write_kv_cpu_matches_reference(layout):
 
 
 @pytest.fixture(params=["native", "torch"])
-def decode_path(request, monkeypatch):
-    """Decode rows through the native kernel (when built) and through the torch gather path."""
+def cpu_path(request, monkeypatch):
+    """K/V writes and decode rows through the native kernels (when built), and through torch."""
     if request.param == "native" and not native.available():
         pytest.skip("native kernel not built")
     if request.param == "torch":
-        monkeypatch.setattr(paged_attention_cpu_module, "_use_native", lambda *_: False)
+        monkeypatch.setattr(native, "available", lambda: False)
     return request.param
 
 
@@ -76,7 +75,7 @@ def decode_path(request, monkeypatch):
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("heads,kv_heads", [(8, 4), (4, 4), (8, 1)])
 @pytest.mark.parametrize("decode_only", [False, True])
-def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, decode_only, decode_path):
+def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, decode_only, cpu_path):
     torch.manual_seed(block_size + heads + kv_heads)
     head_dim, num_blocks = 32, 64
     # (tokens already cached, tokens this step): decodes, a fresh prefill, a mid-context chunk.

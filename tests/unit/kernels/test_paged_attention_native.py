@@ -114,3 +114,12 @@ def test_out_of_range_inputs_are_refused_before_the_kernel_runs():
     with pytest.raises(ValueError, match="float32"):
         paged_attention_native(b["query"].half(), b["key_cache"].half(), b["value_cache"].half(),
                                b["block_tables"], b["seq_lens"], b["query_start_loc"], 0.1)
+
+
+def test_write_kv_refuses_slots_outside_the_cache():
+    from sluice.kernels.paged_attention_native import write_kv_native
+
+    cache = torch.zeros(4, 16, 2, 32)
+    rows = torch.zeros(1, 2, 32)
+    with pytest.raises(ValueError, match="slot outside"):
+        write_kv_native(rows, rows, cache, cache.clone(), torch.tensor([4 * 16]))

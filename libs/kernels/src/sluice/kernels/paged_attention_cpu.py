@@ -78,6 +78,9 @@ def write_kv_cpu(
     num_blocks, block_size, kv_heads, head_dim = key_cache.shape
     assert value_cache.shape == key_cache.shape and key.shape == value.shape
     assert key.shape[1:] == (kv_heads, head_dim), (key.shape, key_cache.shape)
+    if native.available() and key.dtype == torch.float32 and native.supports_layout(key_cache, value_cache):
+        native.write_kv_native(key, value, key_cache, value_cache, slot_mapping)
+        return
     if bool((slot_mapping < 0).any()):  # padding rows: rare, and a free check on CPU
         valid = slot_mapping >= 0
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]

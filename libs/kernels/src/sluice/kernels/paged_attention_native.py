@@ -88,3 +88,28 @@ def paged_attention_native(
         key_cache.stride(), value_cache.stride()[:3], float(scale), torch.get_num_threads(),
     )
     return out
+
+
+def write_kv_native(
+    key: torch.Tensor,  # [num_tokens, kv_heads, head_dim] float32
+    value: torch.Tensor,
+    key_cache: torch.Tensor,  # logical [num_blocks, block_size, kv_heads, head_dim]
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = padding
+) -> None:
+    """`write_kv` for any layout ``supports_layout`` accepts (same contract)."""
+    if _native is None:
+        raise RuntimeError("the native CPU attention kernel is not built in this install")
+    num_blocks, block_size, kv_heads, head_dim = key_cache.shape
+    if not supports_layout(key_cache, value_cache) or key.shape != value.shape or key.shape[1:] != (kv_heads, head_dim):
+        raise ValueError(f"K/V {tuple(key.shape)} do not fit cache {tuple(key_cache.shape)}")
+    if key.dtype != torch.float32 or value.dtype != torch.float32 or key.shape[0] != slot_mapping.shape[0]:
+        raise ValueError("write_kv_native takes float32 K/V with one slot each")
+    slot_mapping = slot_mapping.to(torch.int64).contiguous()
+    if slot_mapping.numel() and int(slot_mapping.max()) >= num_blocks * block_size:
+        raise ValueError(f"slot outside the cache's {num_blocks * block_size} slots")
+    key, value = key.contiguous(), value.contiguous()
+    _native.write_kv_f32(
+        key.data_ptr(), value.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(),
+        key.shape[0], kv_heads, head_dim, block_size, key_cache.stride(), value_cache.stride()[:3],
+    )
