@@ -17,7 +17,7 @@ from sluice.model.attention import AttentionBackend, AttentionMetadata, referenc
 from sluice.model.config import LlamaConfig
 from sluice.model.cpu_linear import PackedLinear
 from sluice.model.kv_cache import KVCache
-from sluice.model.rope import RotaryEmbedding, apply_rotary
+from sluice.model.rope import RotaryEmbedding, apply_rotary, rotate
 
 __all__ = ["AttentionMetadata", "LlamaModel", "RMSNorm"]
 
@@ -94,19 +94,20 @@ class LlamaAttention(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
+        heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         if self._qkv is not None:
             # [T, (num_heads + 2 * num_kv_heads) * head_dim]
             qkv = self._qkv_packed(x) if self._qkv_packed is not None else F.linear(x, *self._qkv)
-            q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-            q, k, v = qkv.split([q_out, kv_out, kv_out], dim=-1)
+            qk_out = (heads + kv_heads) * head_dim
+            # q and k rotate as one [T, num_heads + num_kv_heads, head_dim] tensor.
+            qk = rotate(qkv[:, :qk_out].view(num_tokens, heads + kv_heads, head_dim), cos, sin)
+            q, k = qk.split([heads, kv_heads], dim=1)
+            v = qkv[:, qk_out:].view(num_tokens, kv_heads, head_dim)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        # q: [T, num_heads, head_dim]
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        # k, v: [T, num_kv_heads, head_dim]
-        q, k = apply_rotary(q, k, cos, sin)
+            q = self.q_proj(x).view(num_tokens, heads, head_dim)  # [T, num_heads, head_dim]
+            k = self.k_proj(x).view(num_tokens, kv_heads, head_dim)  # [T, num_kv_heads, head_dim]
+            v = self.v_proj(x).view(num_tokens, kv_heads, head_dim)
+            q, k = apply_rotary(q, k, cos, sin)
         out = self.backend(q, k, v, kv_cache, attn, self.scale)  # [T, num_heads, head_dim]
         out = out.reshape(num_tokens, self.num_heads * self.head_dim)  # [T, num_heads * head_dim]
         return self._o_packed(out) if self._o_packed is not None else self.o_proj(out)

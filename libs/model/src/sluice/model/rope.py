@@ -66,6 +66,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim] by cos, sin [T, head_dim] (broadcast over heads).
+
+    The model rotates q and k as one tensor (their heads side by side, as the
+    fused q/k/v projection lays them out): half the small ops per layer."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
 def apply_rotary(
     query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,11 +81,7 @@ def apply_rotary(
 
     cos, sin: [T, head_dim]; broadcast over heads.
     """
-    cos = cos[:, None, :]  # [T, 1, head_dim]
-    sin = sin[:, None, :]  # [T, 1, head_dim]
-    query = query * cos + rotate_half(query) * sin
-    key = key * cos + rotate_half(key) * sin
-    return query, key
+    return rotate(query, cos, sin), rotate(key, cos, sin)
 
 
 class RotaryEmbedding(torch.nn.Module):
