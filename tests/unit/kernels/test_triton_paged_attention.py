@@ -238,6 +238,41 @@ def test_triton_backend_matches_reference_backend(kernels, phase):
     assert_close(out, ref, torch.float32)
 
 
+def test_model_over_triton_backend_matches_reference_backend(kernels):
+    """The whole model on the Triton backend (q and k as views of one rotated
+    tensor, v a view of the fused projection) gives the reference's logits."""
+    model_lib = pytest.importorskip("sluice.model")
+    from sluice.kernels.triton_backend import triton_attention
+    from sluice.model.config import LlamaConfig
+    from sluice.model.runner import ModelInput, SequenceInput
+    from sluice.model.sampler import SampleRequest, SamplingParams
+
+    config = LlamaConfig.from_hf_config({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 128,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
+    })
+    torch.manual_seed(0)
+    reference = model_lib.LlamaModel(config).eval()
+    reference.fuse_projections()
+    tri = model_lib.LlamaModel(config, triton_attention).eval()
+    tri.load_state_dict(reference.state_dict())
+    tri.fuse_projections()
+    tri.to(DEVICE)
+    runners = [
+        model_lib.ModelRunner(model, model_lib.allocate_kv_caches(config, 16, 16, torch.float32, device))
+        for model, device in ((reference, "cpu"), (tri, DEVICE))
+    ]
+    greedy = SampleRequest(SamplingParams(temperature=0.0))
+    steps = [  # a prefill beside a short prompt, then a decode step for both
+        (SequenceInput([5, 6, 7, 8, 9], 0, [3], greedy), SequenceInput([10, 11], 0, [5], greedy)),
+        (SequenceInput([12], 5, [3], greedy), SequenceInput([13], 2, [5], greedy)),
+    ]
+    for sequences in steps:
+        expected, got = (runner.execute(ModelInput(sequences, return_logits=True)) for runner in runners)
+        assert_close(got.logits.cpu(), expected.logits, torch.float32)
+
+
 def test_wrappers_reject_bad_inputs(kernels):
     b = build_batch([(5, 1)], 16, 2, 1, 32, torch.float32)
     decode = kernels["triton_paged_decode"].paged_decode_attention
