@@ -88,6 +88,9 @@ def main() -> int:
           f"TPOT median {s['tpot_ms']['median']:.1f} ms, errors {s['errors']}")
     print(f"vllm  : {v['output_tok_per_s']:,.0f} output tok/s, TTFT p99 {v['ttft_ms']['p99']:.0f} ms, "
           f"TPOT median {v['tpot_ms']['median']:.1f} ms, errors {v['errors']}")
+    for name, runs in results.items():
+        print(f"{name} rounds: " + ", ".join(
+            f"{r['output_tok_per_s']:,.0f} tok/s / p99 TTFT {r['ttft_ms']['p99']:.0f} ms" for r in runs))
     print(f"ratio sluice / vllm: throughput {tok_ratio:.2f}x (target >= 1.0), p99 TTFT {ttft_ratio:.2f}x (target <= 1.0)")
     print(json.dumps({"bench": "stack_vs_vllm", "throughput_ratio": round(tok_ratio, 3),
                       "p99_ttft_ratio": round(ttft_ratio, 3), "sluice": s, "vllm": v}))
