@@ -78,7 +78,9 @@ def test_models_lists_the_served_alias(client):
 
 
 def test_stop_string_cuts_the_text_and_ends_with_stop(client):
-    kwargs = dict(model="tiny-llama", messages=MESSAGES, temperature=0, extra_body={"ignore_eos": True})
+    # A prompt of several KV blocks, so the repeats below hit the prefix cache.
+    messages = [{"role": "user", "content": "Write a Python function that adds two numbers. " * 4}]
+    kwargs = dict(model="tiny-llama", messages=messages, temperature=0, extra_body={"ignore_eos": True})
     full = client.chat.completions.create(max_tokens=40, **kwargs).choices[0].message.content
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert len(stop) == 3
@@ -87,6 +89,8 @@ def test_stop_string_cuts_the_text_and_ends_with_stop(client):
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == expected
     assert cut.usage.completion_tokens < 40
+    # Ended by the router on a stop string, the same prompt's cached prefix is still reported (and billed so).
+    assert cut.usage.prompt_tokens >= 33 and cut.usage.prompt_tokens_details.cached_tokens >= 16
     streamed = client.chat.completions.create(max_tokens=40, stop=stop, stream=True, **kwargs)
     chunks = list(streamed)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected

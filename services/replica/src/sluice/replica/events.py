@@ -18,10 +18,11 @@ def token_events(outputs: list[RequestOutput]) -> list[replica_pb2.TokenEvent]:
     """One request's outputs, oldest first -> one delta (if any tokens) and,
     when the last one finished the request, its finished event."""
     events = []
+    last = outputs[-1]
     token_ids = [t for output in outputs for t in output.new_token_ids]
     if token_ids:
-        events.append(replica_pb2.TokenEvent(tokens=replica_pb2.TokenDelta(token_ids=token_ids)))
-    last = outputs[-1]
+        events.append(replica_pb2.TokenEvent(tokens=replica_pb2.TokenDelta(
+            token_ids=token_ids, cached_prompt_tokens=last.num_cached_tokens)))
     if last.finished:
         events.append(replica_pb2.TokenEvent(finished=replica_pb2.TokenFinished(
             finish_reason=FINISH_REASONS[last.finish_reason],

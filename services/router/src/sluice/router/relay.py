@@ -143,18 +143,20 @@ class Relay:
         detokenizer = IncrementalDetokenizer(version.tokenizer)
         stops = StopStringMatcher(tuple(request.sampling.stop))
         num_output_tokens = 0
+        cached_tokens = 0
         started_s = time.monotonic()
         try:
             async for event in events:
                 if event.WhichOneof("event") == "tokens":
                     token_ids = list(event.tokens.token_ids)
                     num_output_tokens += len(token_ids)
+                    cached_tokens = event.tokens.cached_prompt_tokens
                     self._metrics.generation_tokens_total.labels(alias).inc(len(token_ids))
                     match = stops.feed(detokenizer.push(token_ids))
                     yield _delta(match.emit, token_ids)
                     if match.stopped:
                         events.cancel()  # frees the replica's KV at its next step
-                        yield _finished(common_pb2.FINISH_REASON_STOP, len(prompt_ids), 0, num_output_tokens)
+                        yield _finished(common_pb2.FINISH_REASON_STOP, len(prompt_ids), cached_tokens, num_output_tokens)
                         return
                 else:
                     finished = event.finished
