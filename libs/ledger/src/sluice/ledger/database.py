@@ -7,6 +7,8 @@ directory, for a laptop or a single-node dev stack.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,8 +64,26 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     try:
         # SQLite ignores foreign keys unless asked, per connection.
         cursor.execute("PRAGMA foreign_keys=ON")
-        # WAL lets summaries read while the flusher writes. In-memory
-        # databases answer "memory" and that is fine.
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _use_wal(cursor)
     finally:
         cursor.close()
+
+
+def _use_wal(cursor: Any) -> None:
+    """WAL lets summaries read while the flusher writes; the mode is stored in
+    the file, so only the first connection to a new database changes it.
+    Changing it needs the exclusive lock, and SQLite answers "database is
+    locked" at once (no busy wait) while another process holds the write
+    lock, e.g. a second gateway migrating the new file: retry until the busy
+    timeout. In-memory databases answer "memory", which is fine."""
+    deadline_s = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            mode = str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            if mode not in ("wal", "memory"):
+                cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline_s:
+                raise
+            time.sleep(0.05)
