@@ -243,15 +243,11 @@ def test_model_over_triton_backend_matches_reference_backend(kernels):
     tensor, v a view of the fused projection) gives the reference's logits."""
     model_lib = pytest.importorskip("sluice.model")
     from sluice.kernels.triton_backend import triton_attention
-    from sluice.model.config import LlamaConfig
     from sluice.model.runner import ModelInput, SequenceInput
     from sluice.model.sampler import SampleRequest, SamplingParams
+    from support.tiny_llama import tiny_config
 
-    config = LlamaConfig.from_hf_config({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64, "hidden_size": 128,
-        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "bos_token_id": 1, "eos_token_id": 2,
-    })
+    config = tiny_config(vocab_size=64, hidden_size=128, max_position_embeddings=128)  # head_dim 32
     torch.manual_seed(0)
     reference = model_lib.LlamaModel(config).eval()
     reference.fuse_projections()

@@ -21,23 +21,7 @@ from sluice.engine.request import EngineRequest
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
 from sluice.model import LlamaModel, ModelRunner, allocate_kv_caches, load_llama
 from sluice.replica.executor import StepExecutor
-
-# Small enough that a forward step costs ~1 ms on CPU, big enough for GQA
-# (4 query heads over 2 KV heads) and several blocks per sequence.
-TINY_LLAMA = {
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "hidden_act": "silu",
-}
+from support.tiny_llama import save_tiny_hf_model
 
 
 @dataclass(frozen=True)
@@ -49,18 +33,11 @@ class TinyCheckpoint:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> TinyCheckpoint:
-    import transformers
-
     path = tmp_path_factory.mktemp("tiny-llama-replica")
-    config = transformers.LlamaConfig(
-        **TINY_LLAMA,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        # 0.2, not HF's 0.02: logits spread out, so near-ties of the argmax are rare.
-        initializer_range=0.2,
-    )
-    torch.manual_seed(0)
-    hf_model = transformers.LlamaForCausalLM(config).eval()
-    hf_model.save_pretrained(path, safe_serialization=True)
+    # 4 query heads over 2 KV heads (GQA) and several blocks per sequence, at
+    # ~1 ms a forward step on CPU; initializer 0.2 (not HF's 0.02) so logits
+    # spread out and near-ties of the argmax are rare.
+    hf_model = save_tiny_hf_model(path, llama3_rope=False)
     return TinyCheckpoint(path, hf_model, load_llama(path, dtype=torch.float32))
 
 
