@@ -2,7 +2,9 @@
 answer with batches, and clean up however the call ends.
 
 A service supplies the ``Batcher`` (what running a request means there, and
-how its events are gathered) and a function that applies one command to it.
+how its events are gathered). Command messages share one shape: a oneof
+``command`` holding either the request (any field name) or
+``cancel_request_id``.
 The call ends when the caller has closed its side and nothing is left
 running; if the caller goes away first, every request still running is
 cancelled, so none keeps a replica busy for nobody.
@@ -11,13 +13,19 @@ cancelled, so none keeps a replica busy for nobody.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Protocol, TypeVar
 
 Batch = TypeVar("Batch")
 
 
 class Batcher(Protocol[Batch]):
+    def submit(self, request: Any) -> None:
+        """Start a request (a refusal becomes one of its events)."""
+
+    def cancel(self, request_id: str) -> None:
+        """Stop one request; unknown or finished ids are ignored."""
+
     def close(self) -> None:
         """No more submits: next_batch returns None once the running requests end."""
 
@@ -28,13 +36,15 @@ class Batcher(Protocol[Batch]):
         """Stop every request still running."""
 
 
-async def serve_multiplexed(
-    commands: AsyncIterator[Any], apply: Callable[[Any], None], batcher: Batcher[Batch]
-) -> AsyncIterator[Batch]:
+async def serve_multiplexed(commands: AsyncIterator[Any], batcher: Batcher[Batch]) -> AsyncIterator[Batch]:
     async def read_commands() -> None:
         try:
             async for command in commands:
-                apply(command)
+                which = command.WhichOneof("command")
+                if which == "cancel_request_id":
+                    batcher.cancel(command.cancel_request_id)
+                elif which is not None:
+                    batcher.submit(getattr(command, which))
         finally:
             batcher.close()  # the caller closed its side (or broke the call)
 

@@ -63,14 +63,7 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
         self, request_iterator: AsyncIterator[replica_pb2.GenerateCommand], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[replica_pb2.TokenEventBatch]:
         requests = MultiplexedRequests(self._engine, self._config, self._counters)
-
-        def apply(command: replica_pb2.GenerateCommand) -> None:
-            if command.WhichOneof("command") == "submit":
-                requests.submit(command.submit)
-            elif command.WhichOneof("command") == "cancel_request_id":
-                requests.cancel(command.cancel_request_id)
-
-        async for batch in serve_multiplexed(request_iterator, apply, requests):
+        async for batch in serve_multiplexed(request_iterator, requests):
             yield batch
 
     async def WatchState(

@@ -25,15 +25,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     async def GenerateMany(
         self, request_iterator: AsyncIterator[router_pb2.RouterCommand], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[router_pb2.GenerateEventBatch]:
-        routed = RoutedRequests(self._relay)
-
-        def apply(command: router_pb2.RouterCommand) -> None:
-            if command.WhichOneof("command") == "generate":
-                routed.submit(command.generate)
-            elif command.WhichOneof("command") == "cancel_request_id":
-                routed.cancel(command.cancel_request_id)
-
-        async for batch in serve_multiplexed(request_iterator, apply, routed):
+        async for batch in serve_multiplexed(request_iterator, RoutedRequests(self._relay)):
             yield batch
 
     async def ListModels(
