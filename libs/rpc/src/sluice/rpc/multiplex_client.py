@@ -23,7 +23,7 @@ per-request code unaware of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -37,15 +37,30 @@ Event = TypeVar("Event")
 
 @dataclass(frozen=True, slots=True)
 class MultiplexProtocol(Generic[Event]):
-    """How one service's multiplexed call spells its messages."""
+    """How one service's multiplexed call spells its messages. Both services
+    share the shape: requests carry ``request_id``; a command message has a
+    oneof holding the request (``submit_field``) or ``cancel_request_id``; a
+    batch has repeated ``events``, each a ``request_id`` with either the
+    event (``event_field``) or ``failed`` (a RequestFailed)."""
 
     open_call: Callable[[AsyncIterator[Any]], grpc.aio.StreamStreamCall]  # stub method
-    request_id: Callable[[Any], str]  # request -> its id on the call
-    submit: Callable[[Any], Any]  # request -> command message
-    cancel: Callable[[str], Any]  # request id -> command message
-    # batch message -> (request_id, event or None, failure or None) in order
-    events: Callable[[Any], Iterable[tuple[str, Event | None, common_pb2.RequestFailed | None]]]
+    command: Callable[..., Any]  # the command message class
+    submit_field: str
+    event_field: str
     is_last: Callable[[Event], bool]  # no more events follow this one
+
+    def submit(self, request: Any) -> Any:
+        return self.command(**{self.submit_field: request})
+
+    def cancel(self, request_id: str) -> Any:
+        return self.command(cancel_request_id=request_id)
+
+    def events(self, batch: Any) -> Iterator[tuple[str, Event | None, common_pb2.RequestFailed | None]]:
+        for item in batch.events:
+            if item.HasField("failed"):
+                yield item.request_id, None, item.failed
+            else:
+                yield item.request_id, getattr(item, self.event_field), None
 
 
 class _Call(Generic[Event]):
@@ -99,7 +114,7 @@ class RequestEvents(Generic[Event]):
 
     def __init__(self, call: _Call[Event], request: Any) -> None:
         self._call = call
-        self._request_id = request_id = call.protocol.request_id(request)
+        self._request_id = request_id = request.request_id
         self._queue: asyncio.Queue[Event | ServiceError] = asyncio.Queue()
         self._done = False
         call.streams[request_id] = self._queue

@@ -6,7 +6,7 @@ into one message per replica step, which is most of what makes relaying
 tokens cheap.
 """
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -16,7 +16,7 @@ from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE
 from sluice.rpc.errors import ServiceError, from_rpc_error
 from sluice.rpc.multiplex_client import MultiplexClient, MultiplexProtocol
-from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
+from sluice.v1 import router_pb2, router_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +31,6 @@ class OpenedStream:
     cancel: Callable[[], None]
 
 
-def _events(batch: router_pb2.GenerateEventBatch) -> Iterator[
-        tuple[str, router_pb2.GenerateEvent | None, common_pb2.RequestFailed | None]]:
-    for routed in batch.events:
-        if routed.WhichOneof("outcome") == "failed":
-            yield routed.request_id, None, routed.failed
-        else:
-            yield routed.request_id, routed.event, None
-
-
 def _is_last(event: router_pb2.GenerateEvent) -> bool:
     return event.WhichOneof("event") in ("finished", "error")
 
@@ -52,10 +43,9 @@ class RouterClient:
         self._generation = MultiplexClient(
             MultiplexProtocol(
                 open_call=self._stub.GenerateMany,
-                request_id=lambda request: request.request_id,
-                submit=lambda request: router_pb2.RouterCommand(generate=request),
-                cancel=lambda request_id: router_pb2.RouterCommand(cancel_request_id=request_id),
-                events=_events,
+                command=router_pb2.RouterCommand,
+                submit_field="generate",
+                event_field="event",
                 is_last=_is_last,
             ),
             name="router-session",
