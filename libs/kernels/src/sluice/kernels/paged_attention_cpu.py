@@ -74,11 +74,11 @@ def write_kv_cpu(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = padding
 ) -> None:
-    """`write_kv` for either physical layout (same contract as the reference)."""
+    """`write_kv` for any of the physical layouts (same contract as the reference)."""
     num_blocks, block_size, kv_heads, head_dim = key_cache.shape
     assert value_cache.shape == key_cache.shape and key.shape == value.shape
     assert key.shape[1:] == (kv_heads, head_dim), (key.shape, key_cache.shape)
-    if native.available() and key.dtype == torch.float32 and native.supports_layout(key_cache, value_cache):
+    if _use_native(key, key_cache, value_cache):
         native.write_kv_native(key, value, key_cache, value_cache, slot_mapping)
         return
     if bool((slot_mapping < 0).any()):  # padding rows: rare, and a free check on CPU
@@ -106,23 +106,20 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) ->
     num_seqs = block_tables.shape[0]
     blocks = block_tables[:, :num_blocks].reshape(-1).long()  # [S * nb]
     storage = head_major_storage(cache)
-    transposed = transposed_storage(cache) if storage is None else None
-    if transposed is not None:
-        total_blocks = transposed.shape[1]
-        head_base = torch.arange(kv_heads, dtype=torch.long)[:, None] * total_blocks  # [kv_heads, 1]
-        flat_ids = (head_base + blocks[None, :]).reshape(-1)  # [kv_heads * S * nb]
-        rows = transposed.view(kv_heads * total_blocks, head_dim, block_size).index_select(0, flat_ids)
-        # rows: [kv_heads * S * nb, head_dim, block_size] -> contiguous [kv_heads, S, L, head_dim]
-        return rows.transpose(1, 2).reshape(kv_heads, num_seqs, num_blocks * block_size, head_dim)
+    transposed = storage is None
+    if transposed:
+        storage = transposed_storage(cache)
     if storage is None:  # block-major
         rows = cache.index_select(0, blocks)  # [S * nb, block_size, kv_heads, head_dim]
         return rows.view(num_seqs, num_blocks * block_size, kv_heads, head_dim).permute(2, 0, 1, 3)
+    # storage: [kv_heads, total_blocks, block_size, head_dim], or [..., head_dim, block_size] transposed
     total_blocks = storage.shape[1]
     head_base = torch.arange(kv_heads, dtype=torch.long)[:, None] * total_blocks  # [kv_heads, 1]
     flat_ids = (head_base + blocks[None, :]).reshape(-1)  # [kv_heads * S * nb]
-    rows = storage.view(kv_heads * total_blocks, block_size, head_dim).index_select(0, flat_ids)
-    # rows: [kv_heads * S * nb, block_size, head_dim]
-    return rows.view(kv_heads, num_seqs, num_blocks * block_size, head_dim)
+    rows = storage.view(kv_heads * total_blocks, *storage.shape[2:]).index_select(0, flat_ids)
+    if transposed:
+        rows = rows.transpose(1, 2)  # -> [kv_heads * S * nb, block_size, head_dim]; the reshape copies
+    return rows.reshape(kv_heads, num_seqs, num_blocks * block_size, head_dim)
 
 
 def _decode(
@@ -173,9 +170,9 @@ def _prefill_one(
     return out[0].transpose(0, 1)  # [q_len, heads, head_dim]
 
 
-def _use_native(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
-    """The C kernel serves float32 decode rows when this install has it."""
-    return native.available() and query.dtype == torch.float32 and native.supports_layout(key_cache, value_cache)
+def _use_native(rows: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """The C kernels serve float32 rows (queries, or K/V to write) when this install has them."""
+    return native.available() and rows.dtype == torch.float32 and native.supports_layout(key_cache, value_cache)
 
 
 def _length_groups(decode: list[int], lens: list[int], block_size: int) -> list[list[int]]:
