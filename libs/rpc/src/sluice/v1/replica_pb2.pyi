@@ -80,7 +80,7 @@ class WatchStateRequest(_message.Message):
     def __init__(self, min_interval_s: _Optional[float] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
-    __slots__ = ("replica_id", "model_version", "total_kv_blocks", "free_kv_blocks", "block_size_tokens", "num_running", "num_waiting", "step_time_s", "ready", "at_unix_s")
+    __slots__ = ("replica_id", "model_version", "total_kv_blocks", "free_kv_blocks", "block_size_tokens", "num_running", "num_waiting", "step_time_s", "ready", "at_unix_s", "max_num_seqs", "cache_stored_block_hashes", "cache_evicted_block_hashes", "cache_snapshot")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,10 @@ class ReplicaState(_message.Message):
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_STORED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_EVICTED_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model_version: str
     total_kv_blocks: int
@@ -101,4 +105,8 @@ class ReplicaState(_message.Message):
     step_time_s: float
     ready: bool
     at_unix_s: float
-    def __init__(self, replica_id: _Optional[str] = ..., model_version: _Optional[str] = ..., total_kv_blocks: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., step_time_s: _Optional[float] = ..., ready: _Optional[bool] = ..., at_unix_s: _Optional[float] = ...) -> None: ...
+    max_num_seqs: int
+    cache_stored_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    cache_evicted_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    cache_snapshot: bool
+    def __init__(self, replica_id: _Optional[str] = ..., model_version: _Optional[str] = ..., total_kv_blocks: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., block_size_tokens: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., step_time_s: _Optional[float] = ..., ready: _Optional[bool] = ..., at_unix_s: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., cache_stored_block_hashes: _Optional[_Iterable[bytes]] = ..., cache_evicted_block_hashes: _Optional[_Iterable[bytes]] = ..., cache_snapshot: _Optional[bool] = ...) -> None: ...

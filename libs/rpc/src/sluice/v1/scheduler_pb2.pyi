@@ -1,21 +1,24 @@
 from sluice.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PlacementRequest(_message.Message):
-    __slots__ = ("enqueue", "release")
+    __slots__ = ("enqueue", "release", "started")
     ENQUEUE_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
     enqueue: Enqueue
     release: Release
-    def __init__(self, enqueue: _Optional[_Union[Enqueue, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    started: Started
+    def __init__(self, enqueue: _Optional[_Union[Enqueue, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class Enqueue(_message.Message):
-    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s")
+    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s", "requested_output_tokens", "prompt_block_hashes", "block_size_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +26,9 @@ class Enqueue(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model_version: str
@@ -30,13 +36,24 @@ class Enqueue(_message.Message):
     prompt_tokens: int
     max_output_tokens: int
     deadline_unix_s: float
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+    requested_output_tokens: int
+    prompt_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    block_size_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., requested_output_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[bytes]] = ..., block_size_tokens: _Optional[int] = ...) -> None: ...
 
-class Release(_message.Message):
+class Started(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("request_id", "output_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("request_id", "dispatch", "reject")

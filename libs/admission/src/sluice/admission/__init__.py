@@ -1,0 +1,1 @@
+"""Pure KV admission rules (no I/O, the clock passed in)."""

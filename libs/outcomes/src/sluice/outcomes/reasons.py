@@ -1,0 +1,84 @@
+"""The reasons, their statuses, and whether retrying may help.
+
+    429 RESOURCE_EXHAUSTED   capacity exists but is contended: retry later
+    503 UNAVAILABLE          none exists right now (no replica, one lost)
+    400/404/409/413          the request itself is wrong: do not retry as is
+
+Every retryable refusal carries a Retry-After computed by whoever refused.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # Tenant limits (gateway buckets, scheduler caps).
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    TENANT_CONCURRENCY = "tenant_concurrency"
+    TENANT_KV_SHARE = "tenant_kv_share"
+    # Pool capacity (scheduler).
+    QUEUE_FULL = "queue_full"
+    OVER_CAPACITY = "over_capacity"
+    QUEUE_TIMEOUT = "queue_timeout"
+    BATCH_PAUSED = "batch_paused"
+    # The request itself.
+    INVALID_REQUEST = "invalid_request"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    REQUEST_TOO_LARGE = "request_too_large"
+    MODEL_NOT_FOUND = "model_not_found"
+    DUPLICATE_REQUEST = "duplicate_request"
+    # Nothing to serve it on.
+    NO_REPLICA = "no_replica"
+    REPLICA_LOST = "replica_lost"
+    SCHEDULER_UNAVAILABLE = "scheduler_unavailable"
+    ROUTER_UNAVAILABLE = "router_unavailable"
+    # The caller went away; a bug or a failed step.
+    CANCELLED = "cancelled"
+    ENGINE_ERROR = "engine_error"
+    INTERNAL_ERROR = "internal_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    reason: Reason
+    grpc_status: str  # a grpc.StatusCode name
+    http_status: int
+    retryable: bool
+
+
+def _table() -> dict[Reason, Outcome]:
+    rows = [
+        (Reason.RATE_LIMIT_EXCEEDED, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.TENANT_CONCURRENCY, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.TENANT_KV_SHARE, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.QUEUE_FULL, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.OVER_CAPACITY, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.QUEUE_TIMEOUT, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.BATCH_PAUSED, "RESOURCE_EXHAUSTED", 429, True),
+        (Reason.INVALID_REQUEST, "INVALID_ARGUMENT", 400, False),
+        (Reason.CONTEXT_LENGTH_EXCEEDED, "INVALID_ARGUMENT", 400, False),
+        # gRPC has no "too large"; the table, not the status, says 413.
+        (Reason.REQUEST_TOO_LARGE, "INVALID_ARGUMENT", 413, False),
+        (Reason.MODEL_NOT_FOUND, "NOT_FOUND", 404, False),
+        (Reason.DUPLICATE_REQUEST, "ALREADY_EXISTS", 409, False),
+        (Reason.NO_REPLICA, "UNAVAILABLE", 503, True),
+        (Reason.REPLICA_LOST, "UNAVAILABLE", 503, True),
+        (Reason.SCHEDULER_UNAVAILABLE, "UNAVAILABLE", 503, True),
+        (Reason.ROUTER_UNAVAILABLE, "UNAVAILABLE", 503, True),
+        (Reason.CANCELLED, "CANCELLED", 499, False),
+        (Reason.ENGINE_ERROR, "INTERNAL", 500, True),
+        (Reason.INTERNAL_ERROR, "INTERNAL", 500, False),
+    ]
+    return {reason: Outcome(reason, status, http, retryable) for reason, status, http, retryable in rows}
+
+
+OUTCOMES: dict[Reason, Outcome] = _table()
+
+
+def outcome_of(reason: str) -> Outcome | None:
+    """The outcome of a reason a peer sent; None for a string not in the
+    vocabulary (an older or newer peer), which callers map by status."""
+    try:
+        return OUTCOMES[Reason(reason)]
+    except ValueError:
+        return None
