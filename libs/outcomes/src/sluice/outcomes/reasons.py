@@ -3,6 +3,7 @@
     429 RESOURCE_EXHAUSTED   capacity exists but is contended: retry later
     503 UNAVAILABLE          none exists right now (no replica, one lost)
     400/404/409/413          the request itself is wrong: do not retry as is
+    401/403                  the caller is not (allowed to be) who it says
 
 Every retryable refusal carries a Retry-After computed by whoever refused.
 """
@@ -12,6 +13,10 @@ from enum import StrEnum
 
 
 class Reason(StrEnum):
+    # Who is asking (gateway).
+    MISSING_API_KEY = "missing_api_key"
+    INVALID_API_KEY = "invalid_api_key"
+    PERMISSION_DENIED = "permission_denied"
     # Tenant limits (gateway buckets, scheduler caps).
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     TENANT_CONCURRENCY = "tenant_concurrency"
@@ -23,15 +28,20 @@ class Reason(StrEnum):
     BATCH_PAUSED = "batch_paused"
     # The request itself.
     INVALID_REQUEST = "invalid_request"
+    INVALID_JSON = "invalid_json"
+    INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     REQUEST_TOO_LARGE = "request_too_large"
     MODEL_NOT_FOUND = "model_not_found"
     DUPLICATE_REQUEST = "duplicate_request"
+    REQUEST_IN_PROGRESS = "request_in_progress"  # same Idempotency-Key, still running
     # Nothing to serve it on.
     NO_REPLICA = "no_replica"
     REPLICA_LOST = "replica_lost"
     SCHEDULER_UNAVAILABLE = "scheduler_unavailable"
     ROUTER_UNAVAILABLE = "router_unavailable"
+    LIMITS_UNAVAILABLE = "limits_unavailable"  # the gateway's limits store (Redis)
+    LEDGER_UNAVAILABLE = "ledger_unavailable"  # the usage ledger (SQL)
     # The caller went away; a bug or a failed step.
     CANCELLED = "cancelled"
     ENGINE_ERROR = "engine_error"
@@ -48,6 +58,9 @@ class Outcome:
 
 def _table() -> dict[Reason, Outcome]:
     rows = [
+        (Reason.MISSING_API_KEY, "UNAUTHENTICATED", 401, False),
+        (Reason.INVALID_API_KEY, "UNAUTHENTICATED", 401, False),
+        (Reason.PERMISSION_DENIED, "PERMISSION_DENIED", 403, False),
         (Reason.RATE_LIMIT_EXCEEDED, "RESOURCE_EXHAUSTED", 429, True),
         (Reason.TENANT_CONCURRENCY, "RESOURCE_EXHAUSTED", 429, True),
         (Reason.TENANT_KV_SHARE, "RESOURCE_EXHAUSTED", 429, True),
@@ -56,20 +69,30 @@ def _table() -> dict[Reason, Outcome]:
         (Reason.QUEUE_TIMEOUT, "RESOURCE_EXHAUSTED", 429, True),
         (Reason.BATCH_PAUSED, "RESOURCE_EXHAUSTED", 429, True),
         (Reason.INVALID_REQUEST, "INVALID_ARGUMENT", 400, False),
+        (Reason.INVALID_JSON, "INVALID_ARGUMENT", 400, False),
+        (Reason.INVALID_IDEMPOTENCY_KEY, "INVALID_ARGUMENT", 400, False),
         (Reason.CONTEXT_LENGTH_EXCEEDED, "INVALID_ARGUMENT", 400, False),
         # gRPC has no "too large"; the table, not the status, says 413.
         (Reason.REQUEST_TOO_LARGE, "INVALID_ARGUMENT", 413, False),
         (Reason.MODEL_NOT_FOUND, "NOT_FOUND", 404, False),
         (Reason.DUPLICATE_REQUEST, "ALREADY_EXISTS", 409, False),
+        # The first attempt under the key still runs: retry once it ended
+        # (ABORTED is gRPC's "a concurrency conflict, retry at a higher level").
+        (Reason.REQUEST_IN_PROGRESS, "ABORTED", 409, True),
         (Reason.NO_REPLICA, "UNAVAILABLE", 503, True),
         (Reason.REPLICA_LOST, "UNAVAILABLE", 503, True),
         (Reason.SCHEDULER_UNAVAILABLE, "UNAVAILABLE", 503, True),
         (Reason.ROUTER_UNAVAILABLE, "UNAVAILABLE", 503, True),
+        (Reason.LIMITS_UNAVAILABLE, "UNAVAILABLE", 503, True),
+        (Reason.LEDGER_UNAVAILABLE, "UNAVAILABLE", 503, True),
         (Reason.CANCELLED, "CANCELLED", 499, False),
         (Reason.ENGINE_ERROR, "INTERNAL", 500, True),
         (Reason.INTERNAL_ERROR, "INTERNAL", 500, False),
     ]
-    return {reason: Outcome(reason, status, http, retryable) for reason, status, http, retryable in rows}
+    table = {reason: Outcome(reason, status, http, retryable) for reason, status, http, retryable in rows}
+    missing = set(Reason) - set(table)
+    assert not missing, f"reasons without an outcome: {sorted(missing)}"
+    return table
 
 
 OUTCOMES: dict[Reason, Outcome] = _table()

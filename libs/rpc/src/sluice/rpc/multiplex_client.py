@@ -11,8 +11,10 @@ Each task reads its own request's events from a queue, as it would from a
 call of its own; the reader task is the only one reading the call. A
 request's failure arrives as a `RequestFailed` event and is raised as the
 ServiceError a call of its own would have raised; when the call fails or
-ends, every request still on it fails with that reason, and the next
-`open` starts a new call.
+ends, every request still on it fails with the peer's reason or, where the
+peer gave none (it went away), with the owner's `lost` reason
+(`replica_lost` for the router's replica sessions, `router_unavailable` for
+the gateway's router session); the next `open` starts a new call.
 
 gRPC Python spends ~100 us of CPU per message at each end; a relay of one
 message per token per request spends a core on that at a few thousand
@@ -29,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError, from_request_failed, from_rpc_error
 from sluice.v1 import common_pb2
 
@@ -66,8 +69,9 @@ class MultiplexProtocol(Generic[Event]):
 class _Call(Generic[Event]):
     """One bidi call and the requests on it."""
 
-    def __init__(self, protocol: MultiplexProtocol[Event], name: str) -> None:
+    def __init__(self, protocol: MultiplexProtocol[Event], name: str, lost: Reason) -> None:
         self.protocol = protocol
+        self.lost = lost
         self.commands: asyncio.Queue[Any] = asyncio.Queue()
         self.streams: dict[str, asyncio.Queue[Event | ServiceError]] = {}
         self.failed = False
@@ -79,15 +83,15 @@ class _Call(Generic[Event]):
             yield command
 
     async def _read(self) -> None:
-        ended = ServiceError(grpc.StatusCode.UNAVAILABLE, "stream_ended", "the peer ended the stream")
+        ended = ServiceError.of(self.lost, "the peer ended the stream")
         try:
             async for batch in self.call:
                 for request_id, event, failed in self.protocol.events(batch):
                     self._deliver(request_id, event, failed)
         except grpc.aio.AioRpcError as error:
-            ended = from_rpc_error(error)
+            ended = from_rpc_error(error, unreachable=self.lost)
         except asyncio.CancelledError:
-            ended = ServiceError(grpc.StatusCode.CANCELLED, "cancelled", "the stream was closed")
+            ended = ServiceError.of(Reason.CANCELLED, "the stream was closed")
             raise
         finally:
             self.failed = True
@@ -144,15 +148,18 @@ class RequestEvents(Generic[Event]):
 
 
 class MultiplexClient(Generic[Event]):
-    def __init__(self, protocol: MultiplexProtocol[Event], name: str = "multiplex") -> None:
+    def __init__(self, protocol: MultiplexProtocol[Event], *, lost: Reason, name: str = "multiplex") -> None:
+        """`lost`: the reason requests fail with when the peer goes away
+        without one of its own (the owner knows which hop that is)."""
         self._protocol = protocol
         self._name = name
+        self._lost = lost
         self._current: _Call[Event] | None = None
 
     def open(self, request: Any) -> RequestEvents[Event]:
         """Send a request; its events arrive on the returned iterator."""
         if self._current is None or self._current.failed:
-            self._current = _Call(self._protocol, self._name)
+            self._current = _Call(self._protocol, self._name, self._lost)
         return RequestEvents(self._current, request)
 
     async def close(self) -> None:

@@ -3,7 +3,8 @@
 Generation goes over one Router.GenerateMany call per gateway process
 (sluice.rpc.multiplex_client): the router batches every stream's events
 into one message per replica step, which is most of what makes relaying
-tokens cheap.
+tokens cheap. A router that cannot be reached, or goes away mid-stream,
+fails its requests with `router_unavailable` (503, retryable).
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sluice.outcomes import Reason
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE
 from sluice.rpc.errors import ServiceError, from_rpc_error
@@ -48,6 +50,7 @@ class RouterClient:
                 event_field="event",
                 is_last=_is_last,
             ),
+            lost=Reason.ROUTER_UNAVAILABLE,
             name="router-session",
         )
 
@@ -58,7 +61,7 @@ class RouterClient:
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
-            raise ServiceError(grpc.StatusCode.INTERNAL, "internal_error", "router ended the stream at once") from None
+            raise ServiceError.of(Reason.INTERNAL_ERROR, "router ended the stream at once") from None
         except BaseException:
             events.cancel()
             raise
@@ -68,7 +71,7 @@ class RouterClient:
         try:
             return await self._stub.ListModels(router_pb2.ListModelsRequest(), timeout=5.0)
         except grpc.aio.AioRpcError as error:
-            raise from_rpc_error(error) from None
+            raise from_rpc_error(error, unreachable=Reason.ROUTER_UNAVAILABLE) from None
 
     async def has_route(self) -> bool:
         """The router is up, placing, and the scheduler has a ready replica."""

@@ -4,11 +4,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.outcomes import Reason
 from sluice.router.catalog import ModelAliasSpec, ModelVersionSpec, pick_version
 from sluice.rpc.errors import ServiceError
 from sluice.tokenization.tokenizer import Tokenizer
-
-import grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +39,7 @@ class ModelRegistry:
     def resolve(self, alias_name: str, request_id: str) -> LoadedVersion:
         alias = self.aliases.get(alias_name)
         if alias is None:
-            raise ServiceError(
-                grpc.StatusCode.NOT_FOUND, "model_not_found", f"The model `{alias_name}` does not exist."
-            )
+            raise ServiceError.of(Reason.MODEL_NOT_FOUND, f"The model `{alias_name}` does not exist.")
         return self._versions[pick_version(alias, request_id).version]
 
     def versions_of(self, alias_name: str) -> list[LoadedVersion]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import grpc
-
+from sluice.outcomes import Reason
 from sluice.router.relay import Relay
 from sluice.rpc.errors import ServiceError, request_failed
 from sluice.v1 import router_pb2
@@ -33,8 +32,7 @@ class RoutedRequests:
     def submit(self, request: router_pb2.GenerateRequest) -> None:
         request_id = request.request_id
         if not request_id or request_id in self._tasks:
-            error = ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request",
-                                 f"request id {request_id!r} is empty or already running")
+            error = ServiceError.of(Reason.INVALID_REQUEST, f"request id {request_id!r} is empty or already running")
             self._emit(router_pb2.RoutedEvent(request_id=request_id, failed=request_failed(error.info)))
             return
         self._tasks[request_id] = asyncio.create_task(self._run(request), name=f"relay-{request_id}")
@@ -72,7 +70,7 @@ class RoutedRequests:
             self._emit(router_pb2.RoutedEvent(request_id=request_id, failed=request_failed(error.info)))
         except Exception:
             log.exception("relay of request %s failed", request_id)
-            error = ServiceError(grpc.StatusCode.INTERNAL, "internal_error", "the router failed the request")
+            error = ServiceError.of(Reason.INTERNAL_ERROR, "the router failed the request")
             self._emit(router_pb2.RoutedEvent(request_id=request_id, failed=request_failed(error.info)))
         finally:
             if self._tasks.get(request_id) is asyncio.current_task():
