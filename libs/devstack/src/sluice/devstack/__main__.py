@@ -1,4 +1,7 @@
-"""python -m sluice.devstack: the four services on localhost (`make run`)."""
+"""python -m sluice.devstack: the four services on localhost (`make run`).
+
+--replicas N starts N replica processes (gRPC on 50061, 50062, ...; metrics
+on 9061, 9062, ...), all watched by the one scheduler."""
 
 import argparse
 import signal
@@ -14,14 +17,19 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path, default=Path(".sluice/models/tiny-llama"))
     parser.add_argument("--log-dir", type=Path, default=Path(".sluice/logs"))
     parser.add_argument("--api-key", default="sk-sluice-dev")
+    parser.add_argument("--replicas", type=int, default=1, help="replica processes (default 1)")
     args = parser.parse_args()
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
 
-    stack = LocalStack(model_dir=args.model_dir.resolve(), log_dir=args.log_dir, ports=StackPorts(),
-                       api_key=args.api_key)
+    stack = LocalStack(model_dir=args.model_dir.resolve(), log_dir=args.log_dir,
+                       ports=StackPorts().with_replicas(args.replicas), api_key=args.api_key,
+                       num_replicas=args.replicas)
     stopping = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    print(f"starting gateway, router, scheduler and replica (logs in {args.log_dir}/) ...", flush=True)
+    replicas = "replica" if args.replicas == 1 else f"{args.replicas} replicas"
+    print(f"starting gateway, router, scheduler and {replicas} (logs in {args.log_dir}/) ...", flush=True)
     stack.start()
     try:
         stack.wait_ready(timeout_s=180)
@@ -36,6 +44,7 @@ Sluice is up.
   endpoint : {url}/v1   (OpenAI-compatible)
   api key  : {args.api_key}
   model    : tiny-llama
+  replicas : {", ".join(stack.replica_addresses)}
 
   curl -N {url}/v1/chat/completions \\
     -H "Authorization: Bearer {args.api_key}" -H "Content-Type: application/json" \\
