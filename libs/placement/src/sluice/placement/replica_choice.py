@@ -1,20 +1,24 @@
-"""Choose a replica for a request from the replicas' reported state.
+"""Choose a replica for a request: filters, then weighted scorers, then a
+picker (the shape of llm-d's endpoint picker).
 
-The scheduler keeps a reservation ledger (KV blocks promised to dispatched,
-unfinished requests) per replica; a replica's headroom is its total blocks
-less what is reserved there. Free-GPU percentage is never the signal.
+    candidates ─▶ fits (KV and seat headroom for its class)
+               ─▶ within load margin of the least loaded
+               ─▶ score = Σ weight × scorer(candidate) ─▶ best (ties: id)
+
+Scorers return 0..1: `prefix_score` (share of the prompt's full blocks the
+replica already caches) and `headroom_score` (1 - load). Adding a signal is
+a new scorer, not a branch. Headroom comes from the scheduler's own
+reservations, never from free-GPU percentages.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-# A replica whose last state report is older than this is treated as gone:
-# its state stream broke or it stopped stepping.
-STALE_STATE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaView:
+    """A replica as its last state report described it."""
+
     replica_id: str
     address: str
     model_version: str
@@ -25,55 +29,61 @@ class ReplicaView:
     num_waiting: int
     ready: bool
     seen_at_s: float
+    max_num_seqs: int = 0  # 0 = not reported: seats are not a limit
+    step_time_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
-class PlacementAsk:
-    request_id: str
-    tenant: str
-    model_version: str
-    prompt_tokens: int
-    max_output_tokens: int
+class Candidate:
+    view: ReplicaView
+    headroom_kv_blocks: int  # what this request's class may still reserve here
+    headroom_seats: int
+    load: float              # 0..1: the larger of KV and seat utilisation
+    matched_prefix_blocks: int
+    prompt_blocks: int       # full prompt blocks the request sent hashes for
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchDecision:
-    replica_id: str
-    address: str
-    reserved_kv_blocks: int
+Scorer = Callable[[Candidate], float]
 
 
-@dataclass(frozen=True, slots=True)
-class RejectDecision:
-    reason: str
-    message: str
-    retry_after_s: float
+def prefix_score(candidate: Candidate) -> float:
+    if candidate.prompt_blocks == 0:
+        return 0.0
+    return candidate.matched_prefix_blocks / candidate.prompt_blocks
 
 
-def blocks_to_reserve(ask: PlacementAsk, block_size_tokens: int) -> int:
-    return -(-(ask.prompt_tokens + ask.max_output_tokens) // block_size_tokens)
+def headroom_score(candidate: Candidate) -> float:
+    return 1.0 - min(max(candidate.load, 0.0), 1.0)
 
 
-def choose_replica(
-    ask: PlacementAsk,
-    replicas: Iterable[ReplicaView],
-    reserved_kv_blocks: Mapping[str, int],
-    now_s: float,
-) -> DispatchDecision | RejectDecision:
-    live = [
-        r for r in replicas
-        if r.model_version == ask.model_version and r.ready and now_s - r.seen_at_s <= STALE_STATE_S
-    ]
-    if not live:
-        return RejectDecision("no_replica", f"no ready replica serves {ask.model_version}", retry_after_s=1.0)
+# Prefix first: a hit saves the prefill outright; headroom breaks ties and
+# spreads requests without a shared prefix.
+DEFAULT_SCORERS: tuple[tuple[Scorer, float], ...] = ((prefix_score, 1.0), (headroom_score, 0.1))
 
-    def headroom(replica: ReplicaView) -> int:
-        return replica.total_kv_blocks - reserved_kv_blocks.get(replica.replica_id, 0)
 
-    fitting = [r for r in live if blocks_to_reserve(ask, r.block_size_tokens) <= headroom(r)]
-    if not fitting:
-        return RejectDecision(
-            "over_capacity", f"no replica of {ask.model_version} has KV room for this request", retry_after_s=1.0
-        )
-    best = max(fitting, key=lambda r: (headroom(r), -(r.num_running + r.num_waiting), r.replica_id))
-    return DispatchDecision(best.replica_id, best.address, blocks_to_reserve(ask, best.block_size_tokens))
+def fits(candidates: Sequence[Candidate], kv_blocks: int) -> list[Candidate]:
+    return [c for c in candidates if c.headroom_kv_blocks >= kv_blocks and c.headroom_seats >= 1]
+
+
+def within_load_margin(candidates: Sequence[Candidate], margin: float) -> list[Candidate]:
+    """Drop replicas much busier than the least busy: a cached prefix is not
+    worth queueing behind an overloaded replica."""
+    if not candidates:
+        return []
+    least = min(c.load for c in candidates)
+    return [c for c in candidates if c.load <= least + margin]
+
+
+def pick(
+    candidates: Sequence[Candidate],
+    kv_blocks: int,
+    load_margin: float,
+    scorers: Sequence[tuple[Scorer, float]] = DEFAULT_SCORERS,
+) -> Candidate | None:
+    remaining = within_load_margin(fits(candidates, kv_blocks), load_margin)
+    if not remaining:
+        return None
+    return max(
+        remaining,
+        key=lambda c: (sum(weight * scorer(c) for scorer, weight in scorers), -c.load, c.view.replica_id),
+    )

@@ -1,55 +1,115 @@
-"""The scheduler's reservation ledger: KV blocks promised per replica.
-
-A reservation lives from dispatch until the router releases the request
-(finished, failed or cancelled) or the router's placement stream breaks,
-whichever comes first. Each reservation is owned by one router stream so a
-vanished router cannot leak capacity.
+"""The scheduler's reservation ledger: KV blocks and seats promised per
+replica, from dispatch until the router releases the request (finished,
+failed or cancelled) or its placement stream breaks, whichever is first.
+Each reservation is owned by one router stream, so a vanished router cannot
+leak capacity. Only `ClusterScheduler` writes it.
 """
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
+
+from sluice.placement.asks import ServiceClass
 
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
     request_id: str
-    owner: str  # the router stream that placed it
+    owner: str
+    tenant: str
+    model_version: str
     replica_id: str
+    service_class: ServiceClass
+    prompt_tokens: int
+    output_tokens: int  # the bounded output charged at dispatch
     kv_blocks: int
+    is_long: bool
     granted_at_s: float
+    started_at_s: float | None = None  # first token seen (prefill over)
+
+
+@dataclass(slots=True)
+class ReplicaHolding:
+    kv_blocks: list[int] = dataclasses.field(default_factory=lambda: [0, 0])  # by ServiceClass
+    seats: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
+
+    @property
+    def total_kv_blocks(self) -> int:
+        return sum(self.kv_blocks)
+
+    @property
+    def total_seats(self) -> int:
+        return sum(self.seats)
 
 
 class ReservationLedger:
     def __init__(self) -> None:
         self._by_request: dict[str, Reservation] = {}
-        self._blocks_by_replica: dict[str, int] = defaultdict(int)
+        self._by_replica: dict[str, ReplicaHolding] = defaultdict(ReplicaHolding)
+        # (model_version, tenant) -> [seqs, blocks]
+        self._by_tenant: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
 
     def reserve(self, reservation: Reservation) -> None:
         if reservation.request_id in self._by_request:
             raise ValueError(f"request {reservation.request_id} already holds a reservation")
         self._by_request[reservation.request_id] = reservation
-        self._blocks_by_replica[reservation.replica_id] += reservation.kv_blocks
+        self._apply(reservation, +1)
 
-    def release(self, request_id: str, owner: str) -> Reservation | None:
+    def mark_started(self, request_id: str, now_s: float) -> Reservation | None:
         reservation = self._by_request.get(request_id)
-        if reservation is None or reservation.owner != owner:
+        if reservation is None or reservation.started_at_s is not None:
+            return None
+        started = dataclasses.replace(reservation, started_at_s=now_s)
+        self._by_request[request_id] = started
+        return started
+
+    def release(self, request_id: str, owner: str | None = None) -> Reservation | None:
+        reservation = self._by_request.get(request_id)
+        if reservation is None or (owner is not None and reservation.owner != owner):
             return None
         del self._by_request[request_id]
-        self._blocks_by_replica[reservation.replica_id] -= reservation.kv_blocks
+        self._apply(reservation, -1)
         return reservation
 
     def release_owner(self, owner: str) -> list[Reservation]:
-        """Drop everything a broken router stream held."""
         dropped = [r for r in self._by_request.values() if r.owner == owner]
         for reservation in dropped:
-            self.release(reservation.request_id, owner)
+            self.release(reservation.request_id)
         return dropped
 
+    def get(self, request_id: str) -> Reservation | None:
+        return self._by_request.get(request_id)
+
+    def holding(self, replica_id: str) -> ReplicaHolding:
+        return self._by_replica.get(replica_id) or ReplicaHolding()
+
+    def tenant_holding(self, model_version: str, tenant: str) -> tuple[int, int]:
+        seqs, blocks = self._by_tenant.get((model_version, tenant), (0, 0))
+        return seqs, blocks
+
+    def reservations(self) -> list[Reservation]:
+        return list(self._by_request.values())
+
+    def on_replica(self, replica_id: str) -> list[Reservation]:
+        return [r for r in self._by_request.values() if r.replica_id == replica_id]
+
     def reserved_kv_blocks(self) -> dict[str, int]:
-        return {replica: blocks for replica, blocks in self._blocks_by_replica.items() if blocks}
+        return {replica: h.total_kv_blocks for replica, h in self._by_replica.items() if h.total_kv_blocks}
 
     def __len__(self) -> int:
         return len(self._by_request)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._by_request
+
+    def _apply(self, reservation: Reservation, sign: int) -> None:
+        holding = self._by_replica[reservation.replica_id]
+        holding.kv_blocks[reservation.service_class] += sign * reservation.kv_blocks
+        holding.seats[reservation.service_class] += sign
+        tenant = self._by_tenant[(reservation.model_version, reservation.tenant)]
+        tenant[0] += sign
+        tenant[1] += sign * reservation.kv_blocks
+        if holding.total_seats == 0:
+            del self._by_replica[reservation.replica_id]
+        if tenant[0] == 0:
+            del self._by_tenant[(reservation.model_version, reservation.tenant)]

@@ -1,0 +1,77 @@
+"""One pool's queue for one class: a FIFO per tenant, served by VTC.
+
+    tenant A  [a1 a2 a3]      counters A: 900
+    tenant B  [b1]                     B: 120   -> next: b1
+    tenant C  []  (not backlogged)
+
+Bounded in total entries; entries leave when dispatched, cancelled, or
+past their deadline. Heads of tenants that cannot go now (a long prompt
+while the long-prefill lane is full) are skipped, not blocked on.
+"""
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from sluice.placement.asks import Ask
+from sluice.placement.vtc import VirtualTokenCounters
+
+
+@dataclass(slots=True)
+class QueueEntry:
+    ask: Ask
+    enqueued_s: float
+    deadline_s: float
+    kv_blocks: int
+    output_tokens: int  # the bounded output its reservation covers
+    is_long: bool
+
+
+class ClassQueue:
+    def __init__(self, counters: VirtualTokenCounters) -> None:
+        self.counters = counters
+        self._by_tenant: OrderedDict[str, deque[QueueEntry]] = OrderedDict()
+        self._by_id: dict[str, QueueEntry] = {}
+        self.kv_blocks = 0  # queued blocks, kept for the admission arithmetic
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._by_id
+
+    def push(self, entry: QueueEntry) -> None:
+        tenant = entry.ask.tenant
+        if tenant not in self._by_tenant:
+            self.counters.lift(tenant, self._by_tenant.keys())
+            self._by_tenant[tenant] = deque()
+        self._by_tenant[tenant].append(entry)
+        self._by_id[entry.ask.request_id] = entry
+        self.kv_blocks += entry.kv_blocks
+
+    def next_entry(self, may_go: Callable[[QueueEntry], bool]) -> QueueEntry | None:
+        """The head of the smallest-counter tenant whose head `may_go`."""
+        eligible = [t for t, line in self._by_tenant.items() if may_go(line[0])]
+        tenant = self.counters.pick(eligible)
+        return None if tenant is None else self._by_tenant[tenant][0]
+
+    def remove(self, request_id: str) -> QueueEntry | None:
+        entry = self._by_id.pop(request_id, None)
+        if entry is None:
+            return None
+        line = self._by_tenant[entry.ask.tenant]
+        line.remove(entry)
+        if not line:
+            del self._by_tenant[entry.ask.tenant]
+        self.kv_blocks -= entry.kv_blocks
+        return entry
+
+    def entries(self) -> Iterator[QueueEntry]:
+        return iter(list(self._by_id.values()))
+
+    def oldest_enqueued_s(self) -> float | None:
+        return min((line[0].enqueued_s for line in self._by_tenant.values()), default=None)
+
+    def tenant_work(self) -> dict[str, tuple[int, int]]:
+        """Per tenant: (queued entries, queued KV blocks)."""
+        return {t: (len(line), sum(e.kv_blocks for e in line)) for t, line in self._by_tenant.items()}

@@ -1,0 +1,422 @@
+"""The cluster scheduler's core: queues, fairness, admission and dispatch.
+
+    enqueue(ask, now)  ─▶ Refused (never fits, tenant cap, queue full,
+                          predicted start past the class SLO)  or  Queued
+    schedule(now)      ─▶ [Dispatched | Refused (deadline passed)]
+    started / release / cancel / drop_owner     the router's messages
+    observe_replica / observe_cache / forget_replica   replicas' state
+
+Per model-version pool: one ClassQueue per class (interactive served
+before batch; within a class, fair by VTC). Batch is gated: none while the
+oldest interactive has queued past `batch_pause_queue_age_s`, and at most
+`batch_max_share` of a replica while interactive work is in the pool.
+
+Pure: no I/O, no asyncio, every method takes the clock. Only the scheduler
+service (or the simulator) calls it, from one thread.
+"""
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+from sluice.admission.kv import blocks_for
+from sluice.admission.prediction import (
+    PoolCapacity,
+    RetrySlots,
+    RunningWork,
+    ServiceTimeEstimate,
+    WorkAhead,
+    predict_start_delay_s,
+)
+from sluice.admission.reservation import reserve_for
+from sluice.admission.tenant_caps import TenantHolding, check_tenant_caps
+from sluice.outcomes import Reason
+from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
+from sluice.placement.class_queue import ClassQueue, QueueEntry
+from sluice.placement.config import PlacementConfig
+from sluice.placement.headroom import Headroom, headroom, seats_of
+from sluice.placement.prefix_index import PrefixIndex
+from sluice.placement.replica_choice import Candidate, ReplicaView, pick
+from sluice.placement.reservations import Reservation, ReservationLedger
+from sluice.placement.vtc import VirtualTokenCounters
+
+# Grants this recent may not show in a replica's report yet (the request is
+# still on its way to the replica): counted against its reported free blocks.
+REPORT_TRANSIT_S = 0.1
+NO_REPLICA_RETRY_S = 1.0
+
+
+@dataclass(slots=True)
+class PrefixStats:
+    """Placement's prefix-cache effectiveness, in blocks."""
+
+    queried_blocks: int = 0
+    hit_blocks: int = 0
+
+
+class ClusterScheduler:
+    def __init__(self, config: PlacementConfig) -> None:
+        self.config = config
+        self.ledger = ReservationLedger()
+        self.prefix = PrefixIndex()
+        self.prefix_stats = PrefixStats()
+        self._views: dict[str, ReplicaView] = {}
+        self._queues: dict[tuple[str, ServiceClass], ClassQueue] = {}
+        self._service: dict[str, ServiceTimeEstimate] = defaultdict(ServiceTimeEstimate)
+        self._retry_slots: dict[tuple[str, ServiceClass], RetrySlots] = defaultdict(RetrySlots)
+        self._recent_grants: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+
+    # -- replicas ------------------------------------------------------------
+
+    def observe_replica(self, view: ReplicaView) -> None:
+        self._views[view.replica_id] = view
+
+    def observe_cache(self, replica_id: str, stored: list[bytes], evicted: list[bytes], snapshot: bool) -> None:
+        self.prefix.apply(replica_id, stored, evicted, snapshot)
+
+    def forget_replica(self, replica_id: str) -> None:
+        self._views.pop(replica_id, None)
+        self.prefix.forget(replica_id)
+        self._recent_grants.pop(replica_id, None)
+
+    def live_replicas(self, model_version: str, now_s: float) -> list[ReplicaView]:
+        return [
+            v for v in self._views.values()
+            if v.model_version == model_version and v.ready and now_s - v.seen_at_s <= self.config.stale_state_s
+        ]
+
+    # -- the router's messages -------------------------------------------------
+
+    def enqueue(self, ask: Ask, now_s: float) -> Queued | Refused:
+        version = ask.model_version
+        views = self.live_replicas(version, now_s)
+        if not views:
+            return self._refuse(ask, Reason.NO_REPLICA, f"No ready replica serves {version}.", NO_REPLICA_RETRY_S)
+        if ask.request_id in self.ledger or self._queued_entry(ask.request_id) is not None:
+            return self._refuse(ask, Reason.DUPLICATE_REQUEST, "This request id is already placed.", 0.0)
+        is_batch = ask.service_class is ServiceClass.BATCH
+        block_size = views[0].block_size_tokens
+        largest = max(v.total_kv_blocks for v in views)
+        if blocks_for(ask.prompt_tokens + 1, block_size) > largest:
+            return self._refuse(
+                ask, Reason.REQUEST_TOO_LARGE,
+                f"The prompt is {ask.prompt_tokens} tokens; one replica of {version} holds at most "
+                f"{largest * block_size} tokens of KV cache. Shorten the messages.", 0.0,
+            )
+        reservation = reserve_for(
+            self.config.reservation, ask.prompt_tokens, ask.requested_output_tokens,
+            ask.max_output_tokens, block_size, is_batch,
+        )
+        kv_blocks = min(reservation.blocks, largest)
+        pool_blocks = sum(v.total_kv_blocks for v in views)
+        limits = self.config.tenants.for_tenant(ask.tenant)
+        breach = check_tenant_caps(limits, self._tenant_holding(version, ask.tenant), kv_blocks, pool_blocks)
+        if breach is not None:
+            return self._refuse(ask, breach.reason, breach.message, self._tenant_retry_after_s(ask, now_s))
+        policy = self.config.class_policy(is_batch)
+        queue = self._queue(version, ask.service_class)
+        delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s)
+        if len(queue) >= policy.max_queue_length or delay_s > policy.ttft_slo_s:
+            reason = Reason.QUEUE_FULL if len(queue) >= policy.max_queue_length else Reason.OVER_CAPACITY
+            retry_s = self._capacity_retry_after_s(version, ask.service_class, kv_blocks, delay_s, policy.ttft_slo_s, now_s)
+            return self._refuse(ask, reason, self._over_capacity_message(ask, delay_s, policy.ttft_slo_s), retry_s, delay_s)
+        deadline_s = now_s + policy.max_queue_wait_s
+        if ask.deadline_s:
+            deadline_s = min(deadline_s, ask.deadline_s)
+        is_long = bool(self.config.long_prompt_tokens) and ask.prompt_tokens >= self.config.long_prompt_tokens
+        queue.push(QueueEntry(ask, now_s, deadline_s, kv_blocks, reservation.output_tokens, is_long))
+        return Queued(ask.request_id, delay_s)
+
+    def started(self, request_id: str, now_s: float) -> None:
+        reservation = self.ledger.mark_started(request_id, now_s)
+        if reservation is not None:
+            self._service[reservation.model_version].observe_first_token(now_s - reservation.granted_at_s)
+
+    def release(self, request_id: str, output_tokens: int, now_s: float, owner: str | None = None) -> bool:
+        """The request ended (or left its queue). False if unknown."""
+        reservation = self.ledger.release(request_id, owner)
+        if reservation is None:
+            return self._dequeue(request_id, owner) is not None
+        counters = self._queue(reservation.model_version, reservation.service_class).counters
+        counters.settle_release(reservation.tenant, reservation.output_tokens, output_tokens)
+        if reservation.started_at_s is not None:
+            self._service[reservation.model_version].observe_decode(now_s - reservation.started_at_s, output_tokens)
+        return True
+
+    def drop_owner(self, owner: str) -> int:
+        """A router stream broke: everything it queued or held goes."""
+        dropped = len(self.ledger.release_owner(owner))
+        for queue in self._queues.values():
+            for entry in queue.entries():
+                if entry.ask.owner == owner:
+                    queue.remove(entry.ask.request_id)
+                    dropped += 1
+        return dropped
+
+    # -- dispatch ------------------------------------------------------------
+
+    def schedule(self, now_s: float) -> list[Dispatched | Refused]:
+        decisions: list[Dispatched | Refused] = []
+        for version in sorted({version for version, _ in self._queues}):
+            views = self.live_replicas(version, now_s)
+            self._expire(version, views, now_s, decisions)
+            if not views:
+                continue
+            self._dispatch_class(version, ServiceClass.INTERACTIVE, views, now_s, decisions)
+            if not self._batch_paused(version, now_s):
+                self._dispatch_class(version, ServiceClass.BATCH, views, now_s, decisions)
+        return decisions
+
+    def _dispatch_class(
+        self, version: str, service_class: ServiceClass, views: list[ReplicaView], now_s: float,
+        decisions: list[Dispatched | Refused],
+    ) -> None:
+        queue = self._queues.get((version, service_class))
+        if not queue:
+            return
+        long_cap = self.config.long_prefills_per_replica * len(views)
+        long_prefilling = sum(
+            1 for r in self.ledger.reservations() if r.model_version == version and r.is_long and r.started_at_s is None
+        )
+        while queue:
+            entry = queue.next_entry(lambda e: not e.is_long or long_prefilling < long_cap)
+            if entry is None:
+                return
+            interactive_present = self._interactive_present(version, views)
+            candidates = [self._candidate(view, entry, interactive_present) for view in views]
+            chosen = pick(candidates, entry.kv_blocks, self.config.prefix_load_margin)
+            if chosen is None:
+                return  # the fairest head waits for capacity; nobody jumps it
+            queue.remove(entry.ask.request_id)
+            decisions.append(self._grant(entry, chosen, queue.counters, now_s))
+            long_prefilling += entry.is_long
+
+    def _grant(self, entry: QueueEntry, chosen: Candidate, counters: VirtualTokenCounters, now_s: float) -> Dispatched:
+        ask, view = entry.ask, chosen.view
+        self.ledger.reserve(Reservation(
+            request_id=ask.request_id, owner=ask.owner, tenant=ask.tenant, model_version=ask.model_version,
+            replica_id=view.replica_id, service_class=ask.service_class, prompt_tokens=ask.prompt_tokens,
+            output_tokens=entry.output_tokens, kv_blocks=entry.kv_blocks, is_long=entry.is_long, granted_at_s=now_s,
+        ))
+        self._recent_grants[view.replica_id].append((now_s, entry.kv_blocks))
+        counters.charge_dispatch(ask.tenant, ask.prompt_tokens, entry.output_tokens)
+        self.prefix_stats.queried_blocks += chosen.prompt_blocks
+        self.prefix_stats.hit_blocks += chosen.matched_prefix_blocks
+        return Dispatched(
+            request_id=ask.request_id, owner=ask.owner, replica_id=view.replica_id, address=view.address,
+            reserved_kv_blocks=entry.kv_blocks, queued_s=now_s - entry.enqueued_s,
+            cached_prefix_blocks=chosen.matched_prefix_blocks,
+        )
+
+    def _candidate(self, view: ReplicaView, entry: QueueEntry, interactive_present: bool) -> Candidate:
+        room = self._headroom(view, entry.ask.service_class, interactive_present)
+        hashes = entry.ask.prompt_block_hashes if entry.ask.block_size_tokens == view.block_size_tokens else ()
+        return Candidate(
+            view=view, headroom_kv_blocks=room.kv_blocks, headroom_seats=room.seats, load=room.load,
+            matched_prefix_blocks=self.prefix.matched_blocks(view.replica_id, hashes), prompt_blocks=len(hashes),
+        )
+
+    def _headroom(self, view: ReplicaView, service_class: ServiceClass, interactive_present: bool) -> Headroom:
+        return headroom(
+            view, self.ledger.holding(view.replica_id), self._unseen_kv_blocks(view), service_class,
+            interactive_present, self.config.batch_max_share,
+        )
+
+    def _unseen_kv_blocks(self, view: ReplicaView) -> int:
+        grants = self._recent_grants.get(view.replica_id)
+        if not grants:
+            return 0
+        visible_before_s = view.seen_at_s - REPORT_TRANSIT_S
+        while grants and grants[0][0] <= visible_before_s:
+            grants.popleft()
+        return sum(blocks for _, blocks in grants)
+
+    def _expire(self, version: str, views: list[ReplicaView], now_s: float, decisions: list) -> None:
+        for service_class in ServiceClass:
+            queue = self._queues.get((version, service_class))
+            if not queue:
+                continue
+            for entry in queue.entries():
+                if views and entry.deadline_s > now_s:
+                    continue
+                queue.remove(entry.ask.request_id)
+                if not views:
+                    decisions.append(self._refuse(
+                        entry.ask, Reason.NO_REPLICA, f"No ready replica serves {version}.", NO_REPLICA_RETRY_S))
+                    continue
+                policy = self.config.class_policy(service_class is ServiceClass.BATCH)
+                delay_s = self.predict_start_delay_s(version, service_class, entry.ask.tenant, entry.kv_blocks, now_s)
+                retry_s = self._capacity_retry_after_s(version, service_class, entry.kv_blocks, delay_s, policy.ttft_slo_s, now_s)
+                decisions.append(self._refuse(
+                    entry.ask, Reason.QUEUE_TIMEOUT,
+                    f"The request waited {now_s - entry.enqueued_s:.1f}s in the queue without reaching a replica.",
+                    retry_s, delay_s,
+                ))
+
+    def _batch_paused(self, version: str, now_s: float) -> bool:
+        interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
+        oldest_s = interactive.oldest_enqueued_s() if interactive else None
+        return oldest_s is not None and now_s - oldest_s > self.config.batch_pause_queue_age_s
+
+    def _interactive_present(self, version: str, views: list[ReplicaView]) -> bool:
+        interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
+        if interactive:
+            return True
+        return any(self.ledger.holding(v.replica_id).seats[ServiceClass.INTERACTIVE] for v in views)
+
+    # -- prediction ------------------------------------------------------------
+
+    def predict_start_delay_s(
+        self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int, now_s: float
+    ) -> float:
+        """Seconds until a request of `kv_blocks` from `tenant` would be
+        dispatched if it joined its queue now."""
+        views = self.live_replicas(version, now_s)
+        if not views:
+            return 0.0
+        interactive_present = self._interactive_present(version, views)
+        rooms = [self._headroom(v, service_class, interactive_present) for v in views]
+        capacity = PoolCapacity(
+            total_kv_blocks=sum(v.total_kv_blocks for v in views),
+            total_seats=sum(seats_of(v) for v in views),
+            free_kv_blocks=sum(max(r.kv_blocks, 0) for r in rooms),
+            free_seats=sum(max(r.seats, 0) for r in rooms),
+        )
+        ahead_blocks, ahead_seqs = self._work_ahead(version, service_class, tenant, kv_blocks)
+        estimate = self._service[version]
+        step_time_s = max(v.step_time_s for v in views)
+        running: list[RunningWork] = []
+        outputs: list[int] = []
+        for r in self.ledger.reservations():
+            if r.model_version != version:
+                continue
+            if service_class is ServiceClass.INTERACTIVE and r.service_class is ServiceClass.BATCH:
+                continue  # interactive may displace batch: batch does not hold it back
+            start_s = r.started_at_s if r.started_at_s is not None else r.granted_at_s + estimate.time_to_first_token_s()
+            finish_s = start_s + r.output_tokens * estimate.per_output_token_s(step_time_s)
+            running.append(RunningWork(max(finish_s, now_s), r.kv_blocks))
+            outputs.append(r.output_tokens)
+        for queued_class in ServiceClass:
+            queue = self._queues.get((version, queued_class))
+            if queue:
+                outputs.extend(e.output_tokens for e in queue.entries())
+        mean_output = sum(outputs) / len(outputs) if outputs else self.config.reservation.default_output_tokens_interactive
+        mean_service_s = estimate.expected_duration_s(int(mean_output), step_time_s)
+        return predict_start_delay_s(
+            now_s, capacity, WorkAhead(ahead_blocks + kv_blocks, ahead_seqs + 1), running, mean_service_s
+        )
+
+    def _work_ahead(self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int) -> tuple[int, int]:
+        """Queued work that would be dispatched before this request: all of a
+        more important class, and of its own class what VTC interleaves
+        ahead of it (from each other tenant about as much as this tenant
+        has queued, plus the request itself)."""
+        blocks, seqs = 0, 0
+        if service_class is ServiceClass.BATCH:
+            interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
+            if interactive:
+                blocks, seqs = interactive.kv_blocks, len(interactive)
+        queue = self._queues.get((version, service_class))
+        if not queue:
+            return blocks, seqs
+        work = queue.tenant_work()
+        own_seqs, own_blocks = work.pop(tenant, (0, 0))
+        blocks += own_blocks
+        seqs += own_seqs
+        for other_seqs, other_blocks in work.values():
+            blocks += min(other_blocks, own_blocks + kv_blocks)
+            seqs += min(other_seqs, own_seqs + 1)
+        return blocks, seqs
+
+    def _capacity_retry_after_s(
+        self, version: str, service_class: ServiceClass, kv_blocks: int, delay_s: float, slo_s: float, now_s: float
+    ) -> float:
+        """When a request refused now would be admitted: once the work ahead
+        has drained to within the SLO, in a slot of its own."""
+        views = self.live_replicas(version, now_s)
+        total_blocks = sum(v.total_kv_blocks for v in views) or 1
+        total_seats = sum(seats_of(v) for v in views) or 1
+        step_time_s = max((v.step_time_s for v in views), default=0.0)
+        service_s = self._service[version].expected_duration_s(
+            self.config.reservation.default_output_tokens_interactive, step_time_s
+        )
+        drain_s = service_s * max(kv_blocks / total_blocks, 1 / total_seats)
+        fits_at_s = now_s + max(delay_s - slo_s, 0.0)
+        return self._retry_slots[(version, service_class)].retry_after_s(now_s, fits_at_s, drain_s)
+
+    def _tenant_retry_after_s(self, ask: Ask, now_s: float) -> float:
+        """When the tenant's own running work is expected to free a place."""
+        estimate = self._service[ask.model_version]
+        finishes = [
+            (r.started_at_s if r.started_at_s is not None else r.granted_at_s + estimate.time_to_first_token_s())
+            + r.output_tokens * estimate.per_output_token_s()
+            for r in self.ledger.reservations()
+            if r.model_version == ask.model_version and r.tenant == ask.tenant
+        ]
+        if not finishes:
+            return estimate.expected_duration_s(self.config.reservation.default_output_tokens_interactive)
+        return max(min(finishes) - now_s, 0.05)
+
+    # -- views for metrics ---------------------------------------------------
+
+    def queues(self) -> dict[tuple[str, ServiceClass], ClassQueue]:
+        return dict(self._queues)
+
+    def tenant_holdings(self, version: str) -> dict[str, TenantHolding]:
+        tenants = {r.tenant for r in self.ledger.reservations() if r.model_version == version}
+        for service_class in ServiceClass:
+            queue = self._queues.get((version, service_class))
+            if queue:
+                tenants.update(queue.tenant_work())
+        return {t: self._tenant_holding(version, t) for t in tenants}
+
+    def pool_kv_blocks(self, version: str, now_s: float) -> int:
+        return sum(v.total_kv_blocks for v in self.live_replicas(version, now_s))
+
+    # -- internals -----------------------------------------------------------
+
+    def _queue(self, version: str, service_class: ServiceClass) -> ClassQueue:
+        queue = self._queues.get((version, service_class))
+        if queue is None:
+            counters = VirtualTokenCounters(self.config.vtc_input_weight, self.config.vtc_output_weight)
+            queue = self._queues[(version, service_class)] = ClassQueue(counters)
+        return queue
+
+    def _queued_entry(self, request_id: str) -> QueueEntry | None:
+        for queue in self._queues.values():
+            if request_id in queue:
+                return next(e for e in queue.entries() if e.ask.request_id == request_id)
+        return None
+
+    def _dequeue(self, request_id: str, owner: str | None) -> QueueEntry | None:
+        for queue in self._queues.values():
+            if request_id in queue:
+                entry = next(e for e in queue.entries() if e.ask.request_id == request_id)
+                if owner is not None and entry.ask.owner != owner:
+                    return None
+                return queue.remove(request_id)
+        return None
+
+    def _tenant_holding(self, version: str, tenant: str) -> TenantHolding:
+        seqs, blocks = self.ledger.tenant_holding(version, tenant)
+        for service_class in ServiceClass:
+            queue = self._queues.get((version, service_class))
+            if queue:
+                queued_seqs, queued_blocks = queue.tenant_work().get(tenant, (0, 0))
+                seqs += queued_seqs
+                blocks += queued_blocks
+        return TenantHolding(active_seqs=seqs, kv_blocks=blocks)
+
+    def _over_capacity_message(self, ask: Ask, delay_s: float, slo_s: float) -> str:
+        message = (
+            f"{ask.model_version} is at capacity: this request would wait about {delay_s:.1f}s to start "
+            f"(the target for its class is {slo_s:.1f}s)."
+        )
+        if ask.service_class is ServiceClass.INTERACTIVE and self.config.long_prompt_tokens and (
+            ask.prompt_tokens >= self.config.long_prompt_tokens
+        ):
+            message += ' For long prompts that can wait, send service_tier: "flex".'
+        return message
+
+    @staticmethod
+    def _refuse(ask: Ask, reason: Reason, message: str, retry_after_s: float, predicted_s: float | None = None) -> Refused:
+        return Refused(ask.request_id, ask.owner, reason, message, retry_after_s, predicted_s)
