@@ -8,9 +8,10 @@ from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
 @pytest.fixture
 def make_scheduler():
     def make(num_blocks: int = 64, block_size: int = 4, budget: int = 16, max_seqs: int = 8,
-             max_model_len: int = 4096) -> IterationScheduler:
+             max_model_len: int = 4096, preempt_after_s: float | None = 0.25) -> IterationScheduler:
         return IterationScheduler(
-            SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len_tokens=max_model_len),
+            SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, max_model_len_tokens=max_model_len,
+                            interactive_preempt_after_s=preempt_after_s),
             BlockManager(num_blocks, block_size),
         )
     return make

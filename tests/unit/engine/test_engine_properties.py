@@ -2,7 +2,8 @@
 
 Hypothesis draws arrivals (tenants, classes, prompts that share prefixes),
 pool sizes small enough to force preemption, token budgets small enough to
-force chunking, cancels (between steps and while a step runs) and stop
+force chunking, how long an interactive sequence waits before it preempts
+batch ones (steps are one second apart), cancels (between steps and while a step runs) and stop
 tokens. A fake model stands in for the runner: it remembers which token was
 written into every KV slot and, before it "samples", checks that the slots a
 sequence attends over hold exactly that sequence's tokens, so a wrong prefix
@@ -53,6 +54,7 @@ class Scenario:
     max_seqs: int
     max_model_len: int
     arrivals: tuple[Arrival, ...]
+    interactive_preempt_after_s: float | None = None
 
 
 def expected_outputs(request: EngineRequest, max_model_len: int) -> tuple[list[int], FinishReason]:
@@ -95,6 +97,7 @@ def scenarios(draw) -> Scenario:
         max_seqs=draw(st.integers(1, 6)),
         max_model_len=draw(st.sampled_from([4096, 24])),
         arrivals=tuple(arrivals),
+        interactive_preempt_after_s=draw(st.sampled_from([None, 0.0, 0.25, 3.0])),
     )
 
 
@@ -171,7 +174,8 @@ class Driver:
         self.blocks = BlockManager(s.num_blocks, s.block_size)
         self.scheduler = IterationScheduler(
             SchedulerConfig(max_num_batched_tokens=s.budget_tokens, max_num_seqs=s.max_seqs,
-                            max_model_len_tokens=s.max_model_len),
+                            max_model_len_tokens=s.max_model_len,
+                            interactive_preempt_after_s=s.interactive_preempt_after_s),
             self.blocks,
         )
         self.model = FakeModel(s.block_size)
@@ -207,7 +211,7 @@ class Driver:
                 total = min(len(r.prompt_token_ids) + r.stop.max_output_tokens, self.s.max_model_len)
                 never_fits = self.blocks.blocks_for(total) > self.s.num_blocks
                 try:
-                    self.scheduler.add(r)
+                    self.scheduler.add(r, float(step))
                     assert not never_fits
                 except ValueError:
                     assert never_fits
@@ -312,3 +316,30 @@ def test_the_harness_sees_preemptions_prefix_hits_and_chunking() -> None:
     check_outputs(scenario, run)
     assert run.preemptions > 0 and run.prefix_hit_tokens > 0
     assert any(out.num_cached_tokens > 0 for outs in run.outputs.values() for out in outs)
+
+
+def test_the_harness_sees_a_waiting_interactive_preempt_batch() -> None:
+    """Two batch sequences take both slots and never run short of blocks; an
+    interactive arrival only runs early by preempting one, and every output
+    stays what it would have been."""
+    def scenario(preempt_after_s: float | None) -> Scenario:
+        def request(request_id: str, service_class: ServiceClass, max_output: int) -> EngineRequest:
+            return EngineRequest(request_id=request_id, prompt_token_ids=tuple(range(1, 7)),
+                                 stop=StopPolicy(max_output_tokens=max_output, ignore_eos=True),
+                                 service_class=service_class)
+        arrivals = (
+            Arrival(0, request("batch-old", ServiceClass.BATCH, 8), None, False),
+            Arrival(0, request("batch-new", ServiceClass.BATCH, 8), None, False),
+            Arrival(3, request("chat", ServiceClass.INTERACTIVE, 3), None, False),
+        )
+        return Scenario(num_blocks=40, block_size=4, budget_tokens=16, max_seqs=2, max_model_len=4096,
+                        arrivals=arrivals, interactive_preempt_after_s=preempt_after_s)
+
+    waits = scenario(None)
+    run = run_scenario(waits)
+    check_outputs(waits, run)
+    assert run.preemptions == 0
+    preempts = scenario(1.0)
+    run = run_scenario(preempts)
+    check_outputs(preempts, run)
+    assert run.preemptions == 1

@@ -185,3 +185,122 @@ def test_a_preempted_sequence_is_readmitted_before_newer_arrivals(make_scheduler
     scheduler.add(make_request("late", prompt_len=1, max_output=1, tenant="other"))
     order = _admitted_order(scheduler)
     assert order.index("mid") < order.index("late")
+
+
+# -- a waiting interactive sequence preempts running batch ---------------------
+
+B = ServiceClass.BATCH
+
+
+def _positional_step(scheduler, now_s: float):
+    """A step whose sampled token depends only on (request, position), so a
+    request's outputs are the same whether or not it was preempted."""
+    plan = scheduler.schedule(now_s)
+    sampled = {c.request_id: (hash(c.request_id) + c.start_position + len(c.token_ids)) % 50 + 1
+               for c in plan.chunks if c.samples}
+    return plan, scheduler.update(plan, sampled)
+
+
+def _batch_fills_the_kv(make_scheduler, make_request, **kwargs):
+    """6 blocks of 4: two batch sequences of 8 prompt tokens hold all 6 blocks
+    after their first decode; neither needs a 4th block before it finishes."""
+    scheduler = make_scheduler(num_blocks=6, block_size=4, budget=16, **kwargs)
+    scheduler.add(make_request("b-old", prompt_len=8, max_output=4, service_class=B), 0.0)
+    scheduler.add(make_request("b-new", prompt=tuple(range(20, 28)), max_output=4, service_class=B), 0.0)
+    _positional_step(scheduler, 0.0)  # both prefilled
+    _positional_step(scheduler, 0.5)  # both decoding in 3 blocks each
+    assert scheduler.blocks.num_free_blocks == 0
+    return scheduler
+
+
+def test_a_waiting_interactive_preempts_the_newest_batch_after_the_threshold(make_scheduler, make_request):
+    scheduler = _batch_fills_the_kv(make_scheduler, make_request, preempt_after_s=0.25)
+    scheduler.add(make_request("chat", prompt_len=4, max_output=2), 1.0)
+
+    plan, _ = _positional_step(scheduler, 1.2)  # waited 0.2 s: still waits
+    assert [c.request_id for c in plan.chunks] == ["b-old", "b-new"] and not plan.preempted_ids
+
+    plan, _ = _positional_step(scheduler, 1.25)  # waited 0.25 s
+    assert plan.preempted_ids == ("b-new",)  # the newest batch; one is enough
+    assert [c.request_id for c in plan.chunks] == ["b-old", "chat"]
+    assert scheduler.num_preemptions_total == 1
+
+
+def test_the_preempted_batch_resumes_ahead_of_new_batch_with_its_outputs(make_scheduler, make_request):
+    def outputs_of(preempt_after_s):
+        scheduler = _batch_fills_the_kv(make_scheduler, make_request, preempt_after_s=preempt_after_s)
+        scheduler.add(make_request("chat", prompt_len=4, max_output=2), 1.0)
+        plan, outputs = _positional_step(scheduler, 1.5)
+        scheduler.add(make_request("b-late", prompt_len=3, max_output=1, service_class=B, tenant="other"), 1.5)
+        order = []
+        for t in range(2, 40):
+            plan, step_outputs = _positional_step(scheduler, float(t))
+            order += [c.request_id for c in plan.chunks if c.request_id not in order]
+            outputs += step_outputs
+            if not scheduler.has_work():
+                break
+        tokens = {}  # outputs after the KV filled up
+        for output in outputs:
+            tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+        finished = {o.request_id: o.num_output_tokens for o in outputs if o.finished}
+        assert finished == {"b-old": 4, "b-new": 4, "chat": 2, "b-late": 1}
+        return scheduler, order, tokens
+
+    preempting, order, tokens = outputs_of(0.25)
+    assert preempting.num_preemptions_total == 1
+    assert order.index("b-new") < order.index("b-late")
+    never, _, unpreempted_tokens = outputs_of(None)
+    assert never.num_preemptions_total == 0
+    assert tokens == unpreempted_tokens
+    assert preempting.blocks.num_free_blocks == 6
+
+
+def test_none_disables_preemption_by_a_waiting_sequence(make_scheduler, make_request):
+    scheduler = _batch_fills_the_kv(make_scheduler, make_request, preempt_after_s=None)
+    scheduler.add(make_request("chat", prompt_len=4, max_output=2), 1.0)
+    plan, _ = _positional_step(scheduler, 100.0)
+    assert not plan.preempted_ids and "chat" not in {c.request_id for c in plan.chunks}
+
+
+def test_a_waiting_interactive_takes_a_batch_sequence_slot(make_scheduler, make_request):
+    scheduler = make_scheduler(budget=64, max_seqs=3)
+    for i in range(3):
+        scheduler.add(make_request(f"b{i}", prompt_len=4, max_output=20, service_class=B), 0.0)
+    _positional_step(scheduler, 0.0)
+    scheduler.add(make_request("chat", prompt_len=4, max_output=2), 1.0)
+    plan, _ = _positional_step(scheduler, 1.1)
+    assert "chat" not in {c.request_id for c in plan.chunks} and not plan.preempted_ids
+    plan, _ = _positional_step(scheduler, 1.3)
+    assert plan.preempted_ids == ("b2",)  # one slot is needed: only the newest goes
+    assert {c.request_id for c in plan.chunks} == {"b0", "b1", "chat"}
+    assert scheduler.num_running == 3
+
+
+def test_a_waiting_interactive_never_preempts_an_interactive_one(make_scheduler, make_request):
+    scheduler = make_scheduler(budget=64, max_seqs=3)
+    scheduler.add(make_request("batch", prompt_len=4, max_output=20, service_class=B), 0.0)
+    scheduler.add(make_request("chat-a", prompt_len=4, max_output=20), 0.0)
+    scheduler.add(make_request("chat-b", prompt_len=4, max_output=20), 0.0)
+    _positional_step(scheduler, 0.0)
+    scheduler.add(make_request("chat-c", prompt_len=4, max_output=20), 1.0)
+    scheduler.add(make_request("chat-d", prompt_len=4, max_output=2), 1.0)
+    plan, _ = _positional_step(scheduler, 5.0)
+    assert plan.preempted_ids == ("batch",)  # older than both chats, still the one to go
+    assert "chat-c" in {c.request_id for c in plan.chunks}
+    for t in range(6, 10):  # chat-d waits on a slot; the interactive ones keep theirs
+        plan, _ = _positional_step(scheduler, float(t))
+        assert not plan.preempted_ids and "chat-d" not in {c.request_id for c in plan.chunks}
+
+
+def test_no_batch_is_preempted_when_all_of_them_would_not_make_room(make_scheduler, make_request):
+    # 6 blocks of 4: an interactive holds 4, a batch 2; "big" needs 3 more
+    # than the 0 free, and the batch's 2 would not do.
+    scheduler = make_scheduler(num_blocks=6, block_size=4, budget=32)
+    scheduler.add(make_request("chat-long", prompt_len=13, max_output=3), 0.0)
+    scheduler.add(make_request("batch", prompt_len=5, max_output=3, service_class=B), 0.0)
+    _positional_step(scheduler, 0.0)
+    assert scheduler.blocks.num_free_blocks == 0
+    scheduler.add(make_request("big", prompt=tuple(range(30, 42)), max_output=1), 0.0)
+    plan, _ = _positional_step(scheduler, 1.0)
+    assert not plan.preempted_ids and scheduler.num_preemptions_total == 0
+    assert {c.request_id for c in plan.chunks} == {"chat-long", "batch"}

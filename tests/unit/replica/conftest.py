@@ -77,7 +77,7 @@ def run_engine(
     run = EngineRun()
     for step in range(max_steps):
         while pending and arrival_steps.get(pending[0].request_id, 0) <= step:
-            core.add(pending.pop(0))
+            core.add(pending.pop(0), float(step))
         if not pending and not core.has_work():
             break
         plan = core.schedule(float(step))

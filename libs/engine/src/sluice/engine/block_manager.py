@@ -19,8 +19,8 @@ the scheduler decides when (allocate on schedule, cache_full_blocks after
 update confirmed the tokens were computed, free on finish/preempt/cancel).
 """
 
-from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -147,10 +147,14 @@ class BlockManager:
 
     # -- check-then-act ------------------------------------------------------
 
-    def can_allocate(self, seq_id: str, num_tokens: int, prefix: CachedPrefix | None = None) -> bool:
+    def can_allocate(self, seq_id: str, num_tokens: int, prefix: CachedPrefix | None = None,
+                     after_freeing: Collection[str] = ()) -> bool:
         """Whether the sequence's table can grow to hold `num_tokens` in total
-        (starting from `prefix` when the sequence has no table yet)."""
-        return self._blocks_needed(seq_id, num_tokens, prefix) <= self.num_free_blocks
+        (starting from `prefix` when the sequence has no table yet); with
+        `after_freeing`, whether it could once those tables were freed (the
+        scheduler asks before it preempts them)."""
+        released = self._num_released_by(after_freeing, prefix) if after_freeing else 0
+        return self._blocks_needed(seq_id, num_tokens, prefix) <= self.num_free_blocks + released
 
     def allocate(self, seq_id: str, num_tokens: int, prefix: CachedPrefix | None = None) -> KVBlocks | None:
         """Grow the table to hold `num_tokens`; None (and no change) if it cannot.
@@ -224,6 +228,15 @@ class BlockManager:
                 raise ValueError(f"stale cached prefix for {seq_id}: look it up again before allocating")
         revived = sum(1 for block_id in prefix.block_ids if self._blocks[block_id].ref_count == 0)
         return max(self.blocks_for(num_tokens) - len(prefix.block_ids), 0) + revived
+
+    def _num_released_by(self, seq_ids: Collection[str], keep: CachedPrefix | None) -> int:
+        """Blocks that freeing the tables of `seq_ids` would return to the free
+        pools. Blocks of `keep` are left out: an allocation that takes `keep`
+        over would only revive them, so they free nothing for it."""
+        holders = Counter(block_id for seq_id in seq_ids for block_id in self._tables.get(seq_id, ()))
+        kept = frozenset(keep.block_ids) if keep is not None else frozenset()
+        return sum(1 for block_id, count in holders.items()
+                   if self._blocks[block_id].ref_count == count and block_id not in kept)
 
     def _acquire(self, block: _Block) -> None:
         if block.ref_count == 0:

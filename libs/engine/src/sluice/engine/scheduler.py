@@ -14,7 +14,13 @@ its length under a per-step token budget:
      running sequence (batch before interactive, newest arrival first) is
      preempted by recompute: its blocks are freed (its cached ones stay in
      the prefix cache, so re-admission usually hits them) and it waits ahead
-     of new arrivals with its outputs kept. Waiting sequences never preempt.
+     of new arrivals with its outputs kept;
+  4. an interactive sequence at the head of the waiting line that has
+     waited `interactive_preempt_after_s` and cannot get blocks or a
+     sequence slot preempts running batch sequences (newest arrival first,
+     as in 3, and only as many as it needs). Nothing else that waits
+     preempts: batch never displaces anyone, interactive never displaces
+     interactive.
 
 `schedule(now_s)` returns a frozen `StepPlan`; `update(plan, sampled)`
 applies the runner's sampled tokens, registers newly computed full blocks in
@@ -25,7 +31,7 @@ import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sluice.engine.block_manager import BlockManager, KVBlocks
+from sluice.engine.block_manager import BlockManager, CachedPrefix, KVBlocks
 from sluice.engine.plan import RequestOutput, ScheduledChunk, StepPlan
 from sluice.engine.request import EngineRequest, FinishReason, ServiceClass
 from sluice.engine.sequence import Sequence, SequenceStatus
@@ -40,10 +46,21 @@ class SchedulerConfig:
     # Sequences resident at once; bounds the decode batch and runner buffers.
     max_num_seqs: int = 128
     max_model_len_tokens: int = 4096
+    # How long an interactive sequence may wait at the head of the line for
+    # KV blocks or a sequence slot before it takes them from running batch
+    # sequences. Batch work that fills the KV cache otherwise holds an
+    # interactive request's TTFT hostage for a whole batch decode. Not 0: a
+    # recompute costs the batch sequence its computed tokens not found in
+    # the prefix cache, and running work often frees room within a few steps
+    # (tens of ms); 0.25 s is a small share of an interactive TTFT target of
+    # seconds. None: waiting sequences never preempt.
+    interactive_preempt_after_s: float | None = 0.25
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.interactive_preempt_after_s is not None and self.interactive_preempt_after_s < 0:
+            raise ValueError("interactive_preempt_after_s must be >= 0 or None")
 
 
 @dataclass(slots=True)
@@ -81,13 +98,17 @@ class IterationScheduler:
 
     # -- requests in and out -------------------------------------------------
 
-    def add(self, request: EngineRequest) -> None:
+    def add(self, request: EngineRequest, now_s: float | None = None) -> None:
+        """Queue `request`. `now_s`: its arrival, on the clock `schedule` is
+        given (how long it has waited is measured from it); None takes
+        `request.arrival_s`."""
         if request.request_id in self._sequences:
             raise ValueError(f"duplicate request id {request.request_id}")
         total = len(request.prompt_token_ids) + request.stop.max_output_tokens
         if self.blocks.blocks_for(min(total, self.config.max_model_len_tokens)) > self.blocks.num_blocks:
             raise ValueError(f"request {request.request_id} can never fit in the KV cache")
-        sequence = Sequence(request, next(self._arrivals), self.blocks.block_size_tokens)
+        sequence = Sequence(request, next(self._arrivals), self.blocks.block_size_tokens,
+                            arrival_s=request.arrival_s if now_s is None else now_s)
         self._sequences[request.request_id] = sequence
         self._waiting.push(sequence)
 
@@ -134,7 +155,7 @@ class IterationScheduler:
                 if sequence.status is SequenceStatus.RUNNING:
                     self._schedule_running(sequence, step)
             if admitting:
-                admitting = self._admit(service_class, step)
+                admitting = self._admit(service_class, step, now_s)
 
         return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
 
@@ -178,11 +199,11 @@ class IterationScheduler:
             if victim is sequence:
                 return
 
-    def _admit(self, service_class: ServiceClass, step: _StepBuilder) -> bool:
+    def _admit(self, service_class: ServiceClass, step: _StepBuilder, now_s: float) -> bool:
         """Admit waiting sequences of `service_class` while budget, sequence
         slots and blocks last. False when the head of the line is stuck on
-        blocks: nobody behind it (of any class) may go first."""
-        while step.budget_tokens > 0 and len(self._running) < self.config.max_num_seqs:
+        blocks or slots: nobody behind it (of any class) may go first."""
+        while step.budget_tokens > 0:
             sequence = self._waiting.peek()
             if sequence is None or sequence.request.service_class != service_class:
                 return True
@@ -190,7 +211,12 @@ class IterationScheduler:
                 return False  # it just lost its blocks to make room this step
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
             take = min(sequence.num_tokens - prefix.num_tokens, step.budget_tokens)
-            kv = self.blocks.allocate(sequence.request_id, prefix.num_tokens + take, prefix)
+            num_tokens = prefix.num_tokens + take
+            kv = None
+            if len(self._running) < self.config.max_num_seqs:
+                kv = self.blocks.allocate(sequence.request_id, num_tokens, prefix)
+            if kv is None and self._may_preempt_batch(sequence, now_s):
+                kv = self._preempt_batch_for(sequence, num_tokens, prefix, step)
             if kv is None:
                 return False
             self._waiting.pop(sequence)
@@ -201,6 +227,32 @@ class IterationScheduler:
             self._running.append(sequence)
             step.add(self._chunk(sequence, take, kv))
         return True
+
+    def _may_preempt_batch(self, sequence: Sequence, now_s: float) -> bool:
+        after_s = self.config.interactive_preempt_after_s
+        return (after_s is not None and sequence.request.service_class is ServiceClass.INTERACTIVE
+                and now_s - sequence.arrival_s >= after_s)
+
+    def _preempt_batch_for(self, sequence: Sequence, num_tokens: int, prefix: CachedPrefix,
+                           step: _StepBuilder) -> KVBlocks | None:
+        """Preempt the fewest running batch sequences, newest arrival first,
+        after which `sequence` has a slot and blocks for `num_tokens`, and
+        allocate them. None, preempting nobody, if all of them would not do."""
+        victims = sorted((s for s in self._running if s.request.service_class is ServiceClass.BATCH),
+                         key=lambda s: s.arrival_index, reverse=True)
+
+        def fits(count: int) -> bool:
+            return (len(self._running) - count < self.config.max_num_seqs
+                    and self.blocks.can_allocate(sequence.request_id, num_tokens, prefix,
+                                                 after_freeing=[v.request_id for v in victims[:count]]))
+
+        if not victims or not fits(len(victims)):
+            return None
+        # Fitting only gets easier with more victims: the first count that fits.
+        count = next(c for c in range(1, len(victims) + 1) if fits(c))
+        for victim in victims[:count]:
+            self._preempt(victim, step)
+        return self.blocks.allocate(sequence.request_id, num_tokens, prefix)
 
     def _chunk(self, sequence: Sequence, take: int, kv: KVBlocks) -> ScheduledChunk:
         start = sequence.num_computed_tokens

@@ -24,6 +24,9 @@ class Sequence:
     # and for preemption (newest first), and never changes on re-admission.
     arrival_index: int
     block_size_tokens: int
+    # Arrival at this engine, on the scheduler's clock: how long it has
+    # waited decides whether an interactive sequence may preempt batch ones.
+    arrival_s: float = 0.0
     # Prompt then outputs, one list so block hashing can slice it cheaply.
     all_token_ids: list[int] = field(init=False)
     # Hashes of every full block of all_token_ids (computed or not).

@@ -49,6 +49,7 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
             max_num_batched_tokens=settings.max_num_batched_tokens,
             max_num_seqs=settings.max_num_seqs,
             max_model_len_tokens=model.config.max_position_embeddings,
+            interactive_preempt_after_s=settings.interactive_preempt_after_s,
         ),
         BlockManager(num_blocks, settings.block_size_tokens),
     )

@@ -115,7 +115,7 @@ class EngineLoop:
 
     def _add(self, request: EngineRequest, sink: Sink) -> None:
         try:
-            self._core.add(request)
+            self._core.add(request, self._clock())  # the clock schedule() runs on
         except ValueError as error:
             sink(error)
             return

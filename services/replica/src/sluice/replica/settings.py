@@ -1,9 +1,13 @@
 from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from sluice.config import SluiceSettings
 
 
 class ReplicaSettings(SluiceSettings):
+    # SLUICE_INTERACTIVE_PREEMPT_AFTER_S=none turns that knob off.
+    model_config = SettingsConfigDict(env_parse_none_str="none")
+
     replica_address: str = Field("127.0.0.1:50061", description="host:port this replica's gRPC server binds")
     replica_id: str = Field("replica-0", description="stable name in metrics and placements")
     device: str = Field("cpu", description="torch device: cpu or cuda[:N]")
@@ -20,6 +24,12 @@ class ReplicaSettings(SluiceSettings):
     # while long prompts prefill, at that cost.
     max_num_batched_tokens: int = Field(2048, ge=1, description="token budget per engine step")
     max_num_seqs: int = Field(128, ge=1, description="sequences resident at once")
+    # See SchedulerConfig: a recompute of batch work is cheaper than an
+    # interactive TTFT that waits out a batch decode; 0.25 s lets running
+    # work free room on its own first.
+    interactive_preempt_after_s: float | None = Field(
+        0.25, ge=0, description="an interactive request waiting this long for KV or a slot preempts batch; none = off"
+    )
     state_interval_s: float = Field(0.25, gt=0, description="how often WatchState reports")
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
