@@ -17,6 +17,7 @@ from starlette.requests import Request
 from sluice.gateway.errors import ApiError
 from sluice.ledger import ApiKeyRecord, KeyStore, hash_key
 from sluice.limits import TenantLimits
+from sluice.outcomes import Reason
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,8 @@ def authenticate(request: Request, authenticator: Authenticator) -> Tenant:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise ApiError(401, "Missing API key: send `Authorization: Bearer <key>`.", "missing_api_key")
+        raise ApiError.of(Reason.MISSING_API_KEY, "Missing API key: send `Authorization: Bearer <key>`.")
     tenant = authenticator.tenant_for(key.strip())
     if tenant is None:
-        raise ApiError(401, "Incorrect API key provided.", "invalid_api_key")
+        raise ApiError.of(Reason.INVALID_API_KEY, "Incorrect API key provided.")
     return tenant

@@ -26,13 +26,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from sluice.gateway.auth import Tenant
-from sluice.gateway.errors import ApiError
+from sluice.gateway.errors import ApiError, error_for_reason
 from sluice.gateway.resources import GatewayResources
 from sluice.gateway.settings import GatewaySettings
 from sluice.ledger import AttemptRecord, UsageRecord
 from redis.exceptions import RedisError
 
 from sluice.limits import Began, Completed, ConcurrencySlot, InFlight, Refusal, Reservation
+from sluice.outcomes import Reason
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +96,16 @@ def idempotency_key_from(header: str | None) -> str | None:
         return None
     key = header.strip()
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS or not key.isprintable():
-        raise ApiError(400, f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} printable characters.",
-                       "invalid_idempotency_key", param="Idempotency-Key")
+        raise ApiError.of(Reason.INVALID_IDEMPOTENCY_KEY,
+                          f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} printable characters.",
+                          param="Idempotency-Key")
     return key
 
 
 def _refused(refusal: Refusal) -> ApiError:
-    return ApiError(429, refusal.message, refusal.reason, retry_after_s=refusal.retry_after_s)
+    """A bucket or concurrency refusal (sluice.limits names a Reason)."""
+    return error_for_reason(refusal.reason, refusal.message, status_if_unknown=429,
+                            retry_after_s=refusal.retry_after_s)
 
 
 class FrontDoor:
@@ -114,8 +118,8 @@ class FrontDoor:
             return await self._admit(tenant, idempotency_key, estimated_tokens)
         except (RedisError, OSError) as error:
             log.error("limits store unreachable: %r", error)
-            raise ApiError(503, "Rate limits cannot be checked right now; retry shortly.", "limits_unavailable",
-                           retry_after_s=1.0) from None
+            raise ApiError.of(Reason.LIMITS_UNAVAILABLE, "Rate limits cannot be checked right now; retry shortly.",
+                              retry_after_s=1.0) from None
 
     async def _admit(self, tenant: Tenant, idempotency_key: str | None, estimated_tokens: int) -> Ticket | StoredResponse:
         owner = None
@@ -125,8 +129,9 @@ class FrontDoor:
             if isinstance(state, Completed):
                 return StoredResponse.from_bytes(state.response)
             if isinstance(state, InFlight):
-                raise ApiError(409, "A request with this Idempotency-Key is still in progress; retry when it ends.",
-                               "request_in_progress", retry_after_s=max(state.lease_remaining_s, 1.0))
+                raise ApiError.of(Reason.REQUEST_IN_PROGRESS,
+                                  "A request with this Idempotency-Key is still in progress; retry when it ends.",
+                                  retry_after_s=max(state.lease_remaining_s, 1.0))
             assert isinstance(state, Began)
             owner = state.owner
         try:

@@ -29,8 +29,8 @@ ERRORS = {
     "404": "Unknown model",
     "409": "A request with this Idempotency-Key is still running",
     "413": "Request body too large",
-    "429": "Over a rate limit or capacity; see Retry-After and x-sluice-reject-reason",
-    "503": "No replica can serve the model right now",
+    "429": "Over a rate limit or capacity; see Retry-After, retry-after-ms and x-sluice-reject-reason",
+    "503": "Nothing can serve it right now (no replica, a hop unreachable); see Retry-After and retry-after-ms",
 }
 
 

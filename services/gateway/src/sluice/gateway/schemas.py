@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.requests import Request
 
 from sluice.gateway.errors import ApiError
+from sluice.outcomes import Reason
 
 
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -111,25 +112,25 @@ class CompletionRequest(SamplingFields):
 async def read_json_body(request: Request, max_body_bytes: int) -> Any:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-        raise ApiError(413, f"Request body is over the {max_body_bytes}-byte limit.", "request_too_large")
+        raise ApiError.of(Reason.REQUEST_TOO_LARGE, f"Request body is over the {max_body_bytes}-byte limit.")
     body = bytearray()
     async for chunk in request.stream():
         body.extend(chunk)
         if len(body) > max_body_bytes:
-            raise ApiError(413, f"Request body is over the {max_body_bytes}-byte limit.", "request_too_large")
+            raise ApiError.of(Reason.REQUEST_TOO_LARGE, f"Request body is over the {max_body_bytes}-byte limit.")
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
-        raise ApiError(400, f"The request body is not valid JSON: {error}", "invalid_json") from error
+        raise ApiError.of(Reason.INVALID_JSON, f"The request body is not valid JSON: {error}") from error
 
 
 def parse_body(model: type[BodyT], document: Any) -> BodyT:
     if not isinstance(document, dict):
-        raise ApiError(400, "The request body must be a JSON object.", "invalid_request")
+        raise ApiError.of(Reason.INVALID_REQUEST, "The request body must be a JSON object.")
     try:
         return model.model_validate(document)
     except ValidationError as error:
         first = error.errors()[0]
         param = ".".join(str(part) for part in first["loc"]) or None
         message = first["msg"].removeprefix("Value error, ")
-        raise ApiError(400, f"Invalid value for '{param}': {message}", "invalid_request", param=param) from None
+        raise ApiError.of(Reason.INVALID_REQUEST, f"Invalid value for '{param}': {message}", param=param) from None

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sluice.gateway import sse
 from sluice.gateway.auth import authenticate
-from sluice.gateway.errors import ApiError, from_service_error
+from sluice.gateway.errors import ApiError, error_for_reason, from_service_error
 from sluice.gateway.front_door import Outcome, StoredResponse, Ticket, idempotency_key_from
 from sluice.gateway.heartbeat import with_heartbeat
 from sluice.gateway.openai_format import FINISH_REASONS, ResponseFormat, usage_body
@@ -30,6 +30,7 @@ from sluice.gateway.schemas import ChatCompletionRequest, CompletionRequest, par
 from sluice.gateway.state import GatewayState
 from sluice.gateway.translate import generate_request
 from sluice.limits import estimate_tokens
+from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
 from sluice.v1 import common_pb2, router_pb2
 
@@ -92,9 +93,9 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         body = parse_body(body_model, await read_json_body(request, state.settings.max_body_bytes))
         model = body.model
         if body.prompt_chars() > state.settings.max_prompt_chars:
-            raise ApiError(
-                400, f"The prompt is over {state.settings.max_prompt_chars} characters, more than any "
-                "model here can take.", "context_length_exceeded", param="messages",
+            raise ApiError.of(
+                Reason.CONTEXT_LENGTH_EXCEEDED, f"The prompt is over {state.settings.max_prompt_chars} characters, "
+                "more than any model here can take.", param="messages",
             )
         key = idempotency_key_from(request.headers.get("idempotency-key"))
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
@@ -174,7 +175,7 @@ async def _sse_events(
                 await state.background.run_to_completion(state.front_door.finish(ticket, result))
                 if result.finish_reason is None:
                     outcome = "error"
-                    yield sse.event(ApiError(500, "The generation did not finish.", "internal_error").body())
+                    yield sse.event(ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").body())
                     break
                 outcome = "finished"
                 chunk = fmt.chunk(None, FINISH_REASONS.get(finished.finish_reason, "stop"))
@@ -191,7 +192,7 @@ async def _sse_events(
         yield sse.DONE
     except ServiceError as failure:  # the router or the call to it failed mid-stream
         outcome = "error"
-        yield sse.event(ApiError(500, failure.info.message, failure.info.reason).body())
+        yield sse.event(from_service_error(failure).body())
         yield sse.DONE
     finally:
         # Reached on normal end and on cancellation (the client went away):
@@ -232,7 +233,7 @@ async def _collect(
     result = progress.finished(finished, ticket.owner is not None)
     await state.background.run_to_completion(state.front_door.finish(ticket, result))
     if result.finish_reason is None:
-        return ApiError(500, "The generation did not finish.", "internal_error").response()
+        return ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").response()
     state.metrics.requests_total.labels(fmt.model, "200", "finished").inc()
     state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
     reason = FINISH_REASONS.get(finished.finish_reason, "stop")
@@ -251,14 +252,14 @@ async def _gather(opened: OpenedStream, progress: Progress) -> router_pb2.Finish
                 raise _stream_error(event.error)
     except ServiceError as failure:
         raise from_service_error(failure) from None
-    raise ApiError(500, "The generation ended without finishing.", "internal_error")
+    raise ApiError.of(Reason.INTERNAL_ERROR, "The generation ended without finishing.")
 
 
 def _stream_error(error: router_pb2.Error) -> ApiError:
-    """A failure after the stream started. The router's message names the
-    failing hop, never internals; a replica that went away is a 503."""
-    status = 503 if error.code in ("unavailable", "replica_unavailable") else 500
-    return ApiError(status, error.message, error.code)
+    """A failure after the stream started, as its reason's outcome says (a
+    replica that went away is a 503, not a 500). The router's message names
+    the failing hop, never internals, so it is kept."""
+    return error_for_reason(error.code, error.message, status_if_unknown=500)
 
 
 class ClosingStreamingResponse(StreamingResponse):

@@ -6,6 +6,7 @@ from starlette.responses import JSONResponse, Response
 from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError, from_service_error
 from sluice.gateway.state import GatewayState
+from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
 from sluice.v1 import router_pb2
 
@@ -41,4 +42,4 @@ async def retrieve_model(request: Request) -> Response:
     for model in catalog.models:
         if model.id == name:
             return JSONResponse(_model_body(model))
-    return ApiError(404, f"The model `{name}` does not exist.", "model_not_found", param="model").response()
+    return ApiError.of(Reason.MODEL_NOT_FOUND, f"The model `{name}` does not exist.", param="model").response()

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError
 from sluice.gateway.state import GatewayState
+from sluice.outcomes import Reason
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def _instant(raw: str | None, name: str, default: datetime) -> datetime:
             return datetime.fromtimestamp(float(raw), UTC)
         parsed = datetime.fromisoformat(raw)
     except (ValueError, OverflowError, OSError):
-        raise ApiError(400, f"'{name}' must be unix seconds or an ISO 8601 time.", "invalid_request", param=name)
+        raise ApiError.of(Reason.INVALID_REQUEST, f"'{name}' must be unix seconds or an ISO 8601 time.", param=name)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
@@ -45,14 +46,14 @@ async def usage(request: Request) -> Response:
         end = _instant(params.get("end"), "end", now)
         start = _instant(params.get("start"), "start", end - DEFAULT_WINDOW)
         if start > end:
-            raise ApiError(400, "'start' must not be after 'end'.", "invalid_request", param="start")
+            raise ApiError.of(Reason.INVALID_REQUEST, "'start' must not be after 'end'.", param="start")
         group_by = params.get("group_by") or None
         if group_by not in GROUPINGS:
-            raise ApiError(400, "'group_by' must be 'model' or 'day'.", "invalid_request", param="group_by")
+            raise ApiError.of(Reason.INVALID_REQUEST, "'group_by' must be 'model' or 'day'.", param="group_by")
         asked = params.get("tenant")
         if asked is not None and asked != tenant.name and not tenant.is_admin:
-            raise ApiError(403, "Only an admin key may read another tenant's usage.", "permission_denied",
-                           param="tenant")
+            raise ApiError.of(Reason.PERMISSION_DENIED, "Only an admin key may read another tenant's usage.",
+                              param="tenant")
         scope = None if asked == "*" else (asked or tenant.name)
     except ApiError as error:
         return error.response()
@@ -60,8 +61,8 @@ async def usage(request: Request) -> Response:
         rows = await asyncio.to_thread(state.resources.ledger.usage_summary, scope, start, end, group_by)
     except SQLAlchemyError:
         log.exception("usage query failed")
-        return ApiError(503, "The usage ledger is unreachable right now; retry shortly.", "ledger_unavailable",
-                        retry_after_s=5.0).response()
+        return ApiError.of(Reason.LEDGER_UNAVAILABLE, "The usage ledger is unreachable right now; retry shortly.",
+                           retry_after_s=5.0).response()
     data = [
         {
             "object": "usage.bucket",
