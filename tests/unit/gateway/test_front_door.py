@@ -61,7 +61,7 @@ async def test_finish_bills_once_and_frees_the_slot_for_the_next_request():
     assert ticket.ledger_id == ticket.attempt_id
     with pytest.raises(ApiError) as busy:
         await front.admit(TENANT, None, 10)
-    assert busy.value.code == "tenant_concurrency"
+    assert (busy.value.status, busy.value.code) == (429, "tenant_concurrency")
     outcome = Outcome("m", "v1", 5, 0, 3, "stop")
     await front.finish(ticket, outcome)
     await front.finish(ticket, outcome)  # idempotent
