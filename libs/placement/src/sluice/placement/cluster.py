@@ -78,6 +78,9 @@ class ClusterScheduler:
         self.prefix.forget(replica_id)
         self._recent_grants.pop(replica_id, None)
 
+    def replicas(self) -> list[ReplicaView]:
+        return list(self._views.values())
+
     def live_replicas(self, model_version: str, now_s: float) -> list[ReplicaView]:
         return [
             v for v in self._views.values()

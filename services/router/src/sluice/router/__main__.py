@@ -46,7 +46,9 @@ async def serve(settings: RouterSettings) -> None:
         common_pb2.SERVICE_CLASS_INTERACTIVE: settings.interactive_max_prompt_tokens,
         common_pb2.SERVICE_CLASS_BATCH: settings.batch_max_prompt_tokens,
     }
-    relay = Relay(models, placement, replicas, metrics, settings.placement_timeout_s, caps)
+    relay = Relay(
+        models, placement, replicas, metrics, settings.placement_timeout_s, caps, settings.kv_block_size_tokens
+    )
     servicer = RouterServicer(relay, models)
     server = HealthServer(
         [router_pb2.DESCRIPTOR.services_by_name["Router"].full_name],

@@ -1,9 +1,11 @@
 """The router's end of the Scheduler.Place stream.
 
-One long-lived bidirectional stream carries every enqueue and release; the
-scheduler answers each enqueue once. If the stream breaks, waiting callers
-fail with UNAVAILABLE (the scheduler has dropped our reservations with the
-stream) and the client reconnects in the background.
+One long-lived bidirectional stream carries every enqueue, first-token and
+release message; the scheduler answers each enqueue once, when its policy
+dispatches it (possibly after it queued) or refuses it. The router holds no
+queue: a caller simply awaits its answer. If the stream breaks, waiting
+callers fail with scheduler_unavailable (the scheduler has dropped our
+entries with the stream) and the client reconnects in the background.
 """
 
 import asyncio
@@ -13,17 +15,13 @@ from collections.abc import AsyncIterator
 import grpc
 
 from sluice.rpc.channels import insecure_channel
+from sluice.outcomes import Reason, outcome_of
 from sluice.rpc.errors import ServiceError
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 RECONNECT_BACKOFF_S = (0.1, 0.3, 1.0, 2.0)
-
-# Scheduler reject reasons and the status the router returns for them.
-REJECT_STATUS = {
-    "no_replica": grpc.StatusCode.UNAVAILABLE,
-}
 
 
 class PlacementClient:
@@ -48,17 +46,18 @@ class PlacementClient:
 
     async def place(self, enqueue: scheduler_pb2.Enqueue, timeout_s: float) -> scheduler_pb2.Dispatch:
         if not self._connected.is_set():
-            raise ServiceError(grpc.StatusCode.UNAVAILABLE, "scheduler_unavailable", "scheduler is not reachable")
+            raise ServiceError.of(Reason.SCHEDULER_UNAVAILABLE, "The scheduler is not reachable.", retry_after_s=1.0)
         future: asyncio.Future[scheduler_pb2.Placement] = asyncio.get_running_loop().create_future()
         self._pending[enqueue.request_id] = future
         self._outgoing.put_nowait(scheduler_pb2.PlacementRequest(enqueue=enqueue))
         try:
             placement = await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
+            # A backstop only: the scheduler answers a queued request by its
+            # deadline itself (queue_timeout, with a predicted Retry-After).
             self.release(enqueue.request_id)
-            raise ServiceError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, "queue_full", "timed out waiting for a placement",
-                retry_after_s=1.0,
+            raise ServiceError.of(
+                Reason.QUEUE_TIMEOUT, "Timed out waiting for the scheduler to place the request.", retry_after_s=1.0
             ) from None
         except asyncio.CancelledError:
             self.release(enqueue.request_id)  # the caller left while queued
@@ -68,17 +67,28 @@ class PlacementClient:
         if placement.WhichOneof("outcome") == "dispatch":
             return placement.dispatch
         reject = placement.reject
-        raise ServiceError(
-            REJECT_STATUS.get(reject.reason, grpc.StatusCode.RESOURCE_EXHAUSTED),
-            reject.reason,
-            reject.message,
-            retry_after_s=reject.retry_after_s or None,
-        )
+        outcome = outcome_of(reject.reason)
+        # The scheduler's reason passes through as is; a string outside the
+        # vocabulary (a newer scheduler) still reads as contention.
+        retry_after_s = reject.retry_after_s if outcome is None or outcome.retryable else None
+        if outcome is None:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED, reject.reason, reject.message,
+                               retry_after_s=retry_after_s)
+        raise ServiceError.of(outcome.reason, reject.message, retry_after_s=retry_after_s)
 
-    def release(self, request_id: str) -> None:
+    def started(self, request_id: str) -> None:
+        """The request's first token arrived (its prefill is over)."""
         if self._connected.is_set():
             self._outgoing.put_nowait(
-                scheduler_pb2.PlacementRequest(release=scheduler_pb2.Release(request_id=request_id))
+                scheduler_pb2.PlacementRequest(started=scheduler_pb2.Started(request_id=request_id))
+            )
+
+    def release(self, request_id: str, output_tokens: int = 0) -> None:
+        if self._connected.is_set():
+            self._outgoing.put_nowait(
+                scheduler_pb2.PlacementRequest(
+                    release=scheduler_pb2.Release(request_id=request_id, output_tokens=output_tokens)
+                )
             )
 
     @staticmethod
@@ -118,7 +128,8 @@ class PlacementClient:
                 for future in self._pending.values():
                     if not future.done():
                         future.set_exception(
-                            ServiceError(grpc.StatusCode.UNAVAILABLE, "scheduler_unavailable", "scheduler stream broke")
+                            ServiceError.of(Reason.SCHEDULER_UNAVAILABLE, "The scheduler stream broke.",
+                                            retry_after_s=1.0)
                         )
                 await channel.close()
             await asyncio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])

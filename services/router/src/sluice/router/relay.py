@@ -14,14 +14,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-import grpc
 
 from sluice.router.limits import check_class_prompt_cap, output_budget_tokens
 from sluice.router.metrics import RouterMetrics
 from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
 from sluice.router.replica_channels import ReplicaChannels
+from sluice.engine.block_hash import BlockHash, extend_block_hashes
+from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
 from sluice.tokenization.detokenizer import IncrementalDetokenizer
 from sluice.tokenization.stop_strings import StopStringMatcher
@@ -42,14 +44,27 @@ def tokenize(version: LoadedVersion, request: router_pb2.GenerateRequest) -> lis
     if request.WhichOneof("input") == "chat":
         messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
         if not messages:
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "messages must not be empty")
+            raise ServiceError.of(Reason.INVALID_REQUEST, "messages must not be empty")
         try:
             return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ValueError as error:  # the template rejected the conversation
-            raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", str(error)) from error
+            raise ServiceError.of(Reason.INVALID_REQUEST, str(error)) from error
     if not request.prompt_text:
-        raise ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", "prompt must not be empty")
+        raise ServiceError.of(Reason.INVALID_REQUEST, "prompt must not be empty")
     return tokenizer.encode(request.prompt_text, add_special_tokens=True)
+
+
+def prompt_block_hashes(prompt_ids: list[int], block_size_tokens: int) -> list[bytes]:
+    """The prompt's full-block prefix hashes, by the engine's own function,
+    so the scheduler can match them against what replicas report cached."""
+    hashes: list[BlockHash] = []
+    extend_block_hashes(hashes, prompt_ids, block_size_tokens)
+    return hashes
+
+
+def _prepare(version: LoadedVersion, request: router_pb2.GenerateRequest, block_size_tokens: int):
+    prompt_ids = tokenize(version, request)
+    return prompt_ids, prompt_block_hashes(prompt_ids, block_size_tokens)
 
 
 class Relay:
@@ -61,6 +76,7 @@ class Relay:
         metrics: RouterMetrics,
         placement_timeout_s: float,
         prompt_caps_tokens: dict[int, int] | None = None,
+        kv_block_size_tokens: int = 16,
     ) -> None:
         self._models = models
         self._placement = placement
@@ -69,13 +85,14 @@ class Relay:
         self._placement_timeout_s = placement_timeout_s
         # service class -> prompt cap in tokens (0 = the model's context)
         self._prompt_caps_tokens = prompt_caps_tokens or {}
+        self._kv_block_size_tokens = kv_block_size_tokens
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
         try:
             version = self._models.resolve(alias, request.request_id)
-            # Tokenizing a long prompt takes milliseconds: keep the loop free.
-            prompt_ids = await asyncio.to_thread(tokenize, version, request)
+            # Tokenizing and hashing a long prompt take milliseconds: keep the loop free.
+            prompt_ids, block_hashes = await asyncio.to_thread(_prepare, version, request, self._kv_block_size_tokens)
             check_class_prompt_cap(
                 len(prompt_ids), self._prompt_caps_tokens.get(request.service_class, 0),
                 "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive",
@@ -90,8 +107,11 @@ class Relay:
                     model_version=version.spec.version,
                     service_class=request.service_class,
                     prompt_tokens=len(prompt_ids),
-                    max_output_tokens=max_output,
+                    max_output_tokens=version.context_length_tokens - len(prompt_ids),
+                    requested_output_tokens=request.max_output_tokens,
                     deadline_unix_s=request.deadline_unix_s,
+                    prompt_block_hashes=block_hashes,
+                    block_size_tokens=self._kv_block_size_tokens,
                 ),
                 self._placement_timeout_s,
             )
@@ -103,20 +123,21 @@ class Relay:
         self._metrics.streams_active.labels(alias).inc()
         self._metrics.prompt_tokens_total.labels(alias).inc(len(prompt_ids))
         outcome = "cancelled"  # unless we get to say otherwise
+        progress = _Progress()
         try:
             yield router_pb2.GenerateEvent(
                 admitted=router_pb2.Admitted(
                     model_version=version.spec.version, prompt_tokens=len(prompt_ids), replica_id=dispatch.replica_id
                 )
             )
-            async for event in self._relay_tokens(request, version, prompt_ids, max_output, dispatch):
+            async for event in self._relay_tokens(request, version, prompt_ids, max_output, dispatch, progress):
                 if event.WhichOneof("event") == "finished":
                     outcome = FINISH_NAMES.get(event.finished.finish_reason, "error")
                 elif event.WhichOneof("event") == "error":
                     outcome = "error"
                 yield event
         finally:
-            self._placement.release(request.request_id)
+            self._placement.release(request.request_id, progress.output_tokens)
             self._metrics.streams_active.labels(alias).dec()
             self._metrics.requests_total.labels(alias, outcome).inc()
 
@@ -127,6 +148,7 @@ class Relay:
         prompt_ids: list[int],
         max_output: int,
         dispatch: scheduler_pb2.Dispatch,
+        progress: "_Progress",
     ) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
         events = self._replicas.session(dispatch.replica_address).open(
@@ -149,7 +171,10 @@ class Relay:
             async for event in events:
                 if event.WhichOneof("event") == "tokens":
                     token_ids = list(event.tokens.token_ids)
+                    if not num_output_tokens and token_ids:
+                        self._placement.started(request.request_id)
                     num_output_tokens += len(token_ids)
+                    progress.output_tokens = num_output_tokens
                     cached_tokens = event.tokens.cached_prompt_tokens
                     self._metrics.generation_tokens_total.labels(alias).inc(len(token_ids))
                     match = stops.feed(detokenizer.push(token_ids))
@@ -169,7 +194,7 @@ class Relay:
                         reason, len(prompt_ids), finished.usage.cached_prompt_tokens, finished.usage.output_tokens
                     )
                     return
-            yield _error("replica_stream_ended", "the replica ended the stream without finishing")
+            yield _error(Reason.REPLICA_LOST, "The model replica ended the stream without finishing; retry the request.")
         except ServiceError as failure:
             # Our own cancellation arrives as asyncio.CancelledError, not here:
             # a failure here means the replica refused or failed the request, or
@@ -182,6 +207,13 @@ class Relay:
             yield _error(failure.info.reason, f"the model replica failed: {failure.info.message}")
         finally:
             events.cancel()  # a no-op once it finished
+
+
+@dataclass(slots=True)
+class _Progress:
+    """What the relay got so far; the release reports it to the scheduler."""
+
+    output_tokens: int = 0
 
 
 def _delta(text: str, token_ids: list[int]) -> router_pb2.GenerateEvent:

@@ -13,4 +13,10 @@ class RouterSettings(SluiceSettings):
     # with enormous prompts would wreck the latency SLO of everyone else.
     interactive_max_prompt_tokens: int = Field(0, ge=0, description="0 = the model's context")
     batch_max_prompt_tokens: int = Field(0, ge=0, description="0 = the model's context")
-    placement_timeout_s: float = Field(30.0, gt=0, description="how long a request may wait for a placement")
+    # A backstop: the scheduler answers every queued request by its own
+    # deadline (SLUICE_INTERACTIVE_MAX_QUEUE_WAIT_S), so this only fires if
+    # the scheduler stops answering; keep it above the longest queue wait.
+    placement_timeout_s: float = Field(3700.0, gt=0, description="how long a request may wait for a placement")
+    kv_block_size_tokens: int = Field(
+        16, ge=1, description="block size the prompt's prefix hashes are computed at (the replicas' block size)"
+    )

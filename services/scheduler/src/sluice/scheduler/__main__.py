@@ -6,6 +6,7 @@ import logging
 from prometheus_client import start_http_server
 
 from sluice.config import configure_logging
+from sluice.placement.cluster import ClusterScheduler
 from sluice.rpc.health_names import SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.scheduler.metrics import SchedulerMetrics
@@ -21,9 +22,10 @@ async def serve(settings: SchedulerSettings) -> None:
     metrics = SchedulerMetrics.create()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
-    watcher = ReplicaWatcher(settings.replica_address_list())
+    core = ClusterScheduler(settings.placement_config())
+    servicer = SchedulerServicer(core, metrics)
+    watcher = ReplicaWatcher(settings.replica_address_list(), servicer.on_replica_state, servicer.on_replica_lost)
     metrics.replicas_ready.set_function(lambda: sum(view.ready for view in watcher.views()))
-    servicer = SchedulerServicer(watcher, metrics)
     server = HealthServer(
         [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name],
         lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, s),
@@ -31,10 +33,12 @@ async def serve(settings: SchedulerSettings) -> None:
     watcher.start()
     port = await server.start(settings.scheduler_address)
     readiness = asyncio.create_task(_report_readiness(server, watcher))
+    sweep = asyncio.create_task(servicer.sweep_forever(settings.schedule_interval_s))
     log.info("scheduler serving on port %d, watching %s", port, settings.replica_address_list())
     await wait_for_stop_signal()
     log.info("stopping")
     readiness.cancel()
+    sweep.cancel()
     await server.stop(settings.shutdown_grace_s)
     await watcher.stop()
 

@@ -1,93 +1,209 @@
-"""Scheduler.Place: a thin adapter from the placement stream to the policy."""
+"""Scheduler.Place: a thin adapter between router streams and the policy
+core (sluice.placement.cluster.ClusterScheduler).
 
+    router stream ──Enqueue──▶ core.enqueue ──▶ Reject now, or queued
+                  ──Started──▶ core.started
+                  ──Release──▶ core.release  (finished, failed, or left the queue)
+    replica state, a Release, a new entry, a tick ──▶ core.schedule ──▶ Dispatch / Reject
+                                                          to the owning stream
+
+Everything runs on the event loop thread, so the core needs no locks. A
+router stream that breaks takes its queue entries and reservations with it.
+"""
+
+import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from sluice.placement.replica_choice import DispatchDecision, PlacementAsk, choose_replica
-from sluice.placement.reservations import Reservation, ReservationLedger
-from sluice.scheduler.metrics import SchedulerMetrics
-from sluice.scheduler.replica_watch import ReplicaWatcher
-from sluice.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from sluice.outcomes import OUTCOMES
+from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
+from sluice.placement.cluster import ClusterScheduler
+from sluice.placement.replica_choice import ReplicaView
+from sluice.scheduler.metrics import CLASS_NAMES, SchedulerMetrics
+from sluice.v1 import common_pb2, replica_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# A lease is advisory: the replica admits the request either way; the
-# scheduler's ledger is what bounds commitments. Expiry lets a replica drop a
-# request whose router vanished without cancelling.
-LEASE_TTL_S = 3600.0
+PUBLISH_INTERVAL_S = 0.25
+CLASSES = {common_pb2.SERVICE_CLASS_BATCH: ServiceClass.BATCH}  # anything else is interactive
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, watcher: ReplicaWatcher, metrics: SchedulerMetrics, clock=time.monotonic) -> None:
-        self._watcher = watcher
+    def __init__(
+        self,
+        core: ClusterScheduler,
+        metrics: SchedulerMetrics,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._core = core
         self._metrics = metrics
         self._clock = clock
-        self._ledger = ReservationLedger()
+        self._wall_clock = wall_clock
+        self._outboxes: dict[str, asyncio.Queue[scheduler_pb2.Placement | None]] = {}
         self._stream_ids = itertools.count(1)
+        self._kicked = False
+        self._published_at_s = 0.0
+        self._classes: dict[str, ServiceClass] = {}  # request id -> class, for metric labels
 
-    async def Place(
-        self, request_iterator: AsyncIterator[scheduler_pb2.PlacementRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[scheduler_pb2.Placement]:
-        owner = f"{context.peer()}#{next(self._stream_ids)}"
-        self._metrics.router_streams_active.inc()
-        try:
-            async for message in request_iterator:
-                kind = message.WhichOneof("kind")
-                if kind == "enqueue":
-                    yield self._place(message.enqueue, owner)
-                elif kind == "release":
-                    self._ledger.release(message.release.request_id, owner)
-                self._publish()
-        finally:
-            dropped = self._ledger.release_owner(owner)
-            if dropped:
-                log.info("router stream %s closed; dropped %d reservations", owner, len(dropped))
-            self._metrics.router_streams_active.dec()
-            self._publish()
+    # -- replica state (from the watcher) ------------------------------------
 
-    def _place(self, enqueue: scheduler_pb2.Enqueue, owner: str) -> scheduler_pb2.Placement:
+    def on_replica_state(self, view: ReplicaView, state: replica_pb2.ReplicaState) -> None:
+        self._core.observe_replica(view)
+        if state.cache_snapshot or state.cache_stored_block_hashes or state.cache_evicted_block_hashes:
+            self._core.observe_cache(
+                view.replica_id, list(state.cache_stored_block_hashes), list(state.cache_evicted_block_hashes),
+                state.cache_snapshot,
+            )
+        self.kick()
+
+    def on_replica_lost(self, replica_id: str) -> None:
+        self._core.forget_replica(replica_id)
+        self.kick()
+
+    # -- scheduling passes ---------------------------------------------------
+
+    def kick(self) -> None:
+        """Run one scheduling pass soon; many kicks in one loop turn run one."""
+        if not self._kicked:
+            self._kicked = True
+            asyncio.get_running_loop().call_soon(self._schedule)
+
+    async def sweep_forever(self, interval_s: float) -> None:
+        """Deadlines pass without any message arriving: look regularly."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._kicked = False
         now_s = self._clock()
-        if enqueue.request_id in self._ledger:
-            return _reject(enqueue.request_id, "duplicate_request", "request id already placed", 0.0)
-        ask = PlacementAsk(
-            request_id=enqueue.request_id,
-            tenant=enqueue.tenant,
-            model_version=enqueue.model_version,
-            prompt_tokens=enqueue.prompt_tokens,
-            max_output_tokens=enqueue.max_output_tokens,
-        )
-        decision = choose_replica(ask, self._watcher.views(), self._ledger.reserved_kv_blocks(), now_s)
-        if not isinstance(decision, DispatchDecision):
-            self._metrics.rejections_total.labels(decision.reason).inc()
-            return _reject(enqueue.request_id, decision.reason, decision.message, decision.retry_after_s)
-        self._ledger.reserve(Reservation(enqueue.request_id, owner, decision.replica_id, decision.reserved_kv_blocks, now_s))
-        self._metrics.placements_total.labels(decision.replica_id).inc()
+        for decision in self._core.schedule(now_s):
+            self._deliver(decision)
+        if now_s - self._published_at_s >= PUBLISH_INTERVAL_S:
+            self._published_at_s = now_s
+            self._metrics.publish(self._core, self._core.replicas(), now_s)
+
+    def _deliver(self, decision: Dispatched | Refused) -> None:
+        outbox = self._outboxes.get(decision.owner)
+        service_class = self._classes.pop(decision.request_id, ServiceClass.INTERACTIVE)
+        if isinstance(decision, Refused):
+            self._count_refusal(decision, service_class)
+            placement = _reject(decision)
+        else:
+            view = next((v for v in self._core.replicas() if v.replica_id == decision.replica_id), None)
+            model = view.model_version if view else ""
+            self._metrics.placements_total.labels(decision.replica_id).inc()
+            self._metrics.queue_time_seconds.labels(model, CLASS_NAMES[service_class]).observe(decision.queued_s)
+            placement = self._dispatch(decision)
+        if outbox is not None:
+            outbox.put_nowait(placement)
+
+    def _dispatch(self, decision: Dispatched) -> scheduler_pb2.Placement:
         lease = common_pb2.Lease(
-            lease_id=enqueue.request_id,
+            lease_id=decision.request_id,
             replica_id=decision.replica_id,
             reserved_kv_blocks=decision.reserved_kv_blocks,
-            expires_at_unix_s=time.time() + LEASE_TTL_S,
+            expires_at_unix_s=self._wall_clock() + self._core.config.lease_ttl_s,
         )
         return scheduler_pb2.Placement(
-            request_id=enqueue.request_id,
+            request_id=decision.request_id,
             dispatch=scheduler_pb2.Dispatch(
                 replica_id=decision.replica_id, replica_address=decision.address, lease=lease
             ),
         )
 
-    def _publish(self) -> None:
-        self._metrics.reservations_active.set(len(self._ledger))
-        reserved = self._ledger.reserved_kv_blocks()
-        for view in self._watcher.views():
-            self._metrics.reserved_kv_blocks.labels(view.replica_id).set(reserved.get(view.replica_id, 0))
+    def _count_refusal(self, refused: Refused, service_class: ServiceClass) -> None:
+        self._metrics.rejections_total.labels(refused.reason.value, CLASS_NAMES[service_class]).inc()
+
+    # -- the Place stream ----------------------------------------------------
+
+    async def Place(
+        self, request_iterator: AsyncIterator[scheduler_pb2.PlacementRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[scheduler_pb2.Placement]:
+        owner = f"{context.peer()}#{next(self._stream_ids)}"
+        outbox: asyncio.Queue[scheduler_pb2.Placement | None] = asyncio.Queue()
+        self._outboxes[owner] = outbox
+        self._metrics.router_streams_active.inc()
+        reader = asyncio.create_task(self._read(request_iterator, owner, outbox))
+        try:
+            while (placement := await outbox.get()) is not None:
+                yield placement
+        finally:
+            reader.cancel()
+            del self._outboxes[owner]
+            dropped = self._core.drop_owner(owner)
+            if dropped:
+                log.info("router stream %s closed; dropped %d queued or placed requests", owner, dropped)
+            self._metrics.router_streams_active.dec()
+            self.kick()
+
+    async def _read(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.PlacementRequest],
+        owner: str,
+        outbox: "asyncio.Queue[scheduler_pb2.Placement | None]",
+    ) -> None:
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                now_s = self._clock()
+                if kind == "enqueue":
+                    self._enqueue(message.enqueue, owner, outbox, now_s)
+                elif kind == "started":
+                    self._core.started(message.started.request_id, now_s)
+                elif kind == "release":
+                    self._classes.pop(message.release.request_id, None)
+                    self._core.release(message.release.request_id, message.release.output_tokens, now_s, owner)
+                self.kick()
+        except grpc.aio.AioRpcError as error:
+            log.info("router stream %s broke: %s", owner, error.code().name)
+        finally:
+            outbox.put_nowait(None)
+
+    def _enqueue(
+        self, enqueue: scheduler_pb2.Enqueue, owner: str, outbox: "asyncio.Queue[scheduler_pb2.Placement | None]",
+        now_s: float,
+    ) -> None:
+        service_class = CLASSES.get(enqueue.service_class, ServiceClass.INTERACTIVE)
+        deadline_s = 0.0
+        if enqueue.deadline_unix_s:
+            deadline_s = now_s + (enqueue.deadline_unix_s - self._wall_clock())
+        ask = Ask(
+            request_id=enqueue.request_id,
+            owner=owner,
+            tenant=enqueue.tenant,
+            model_version=enqueue.model_version,
+            service_class=service_class,
+            prompt_tokens=enqueue.prompt_tokens,
+            requested_output_tokens=enqueue.requested_output_tokens,
+            max_output_tokens=enqueue.max_output_tokens,
+            prompt_block_hashes=tuple(enqueue.prompt_block_hashes),
+            block_size_tokens=enqueue.block_size_tokens,
+            deadline_s=deadline_s,
+        )
+        outcome = self._core.enqueue(ask, now_s)
+        labels = (enqueue.model_version, CLASS_NAMES[service_class])
+        if isinstance(outcome, Queued):
+            self._classes[enqueue.request_id] = service_class
+            self._metrics.admissions_total.labels(*labels).inc()
+            self._metrics.predicted_start_seconds.labels(*labels).observe(outcome.predicted_start_s)
+            return
+        if outcome.predicted_start_s is not None:
+            self._metrics.predicted_start_seconds.labels(*labels).observe(outcome.predicted_start_s)
+        self._count_refusal(outcome, service_class)
+        outbox.put_nowait(_reject(outcome))
 
 
-def _reject(request_id: str, reason: str, message: str, retry_after_s: float) -> scheduler_pb2.Placement:
+def _reject(refused: Refused) -> scheduler_pb2.Placement:
+    assert refused.reason in OUTCOMES  # the vocabulary is the contract with the router
     return scheduler_pb2.Placement(
-        request_id=request_id,
-        reject=scheduler_pb2.Reject(reason=reason, message=message, retry_after_s=retry_after_s),
+        request_id=refused.request_id,
+        reject=scheduler_pb2.Reject(
+            reason=refused.reason.value, message=refused.message, retry_after_s=refused.retry_after_s
+        ),
     )

@@ -1,6 +1,15 @@
-from pydantic import Field
+"""The scheduler's settings (SLUICE_ environment variables) and the
+placement policy they build. Each knob is explained where the policy
+defines it (sluice.placement.config, sluice.admission)."""
 
+import json
+
+from pydantic import Field, field_validator
+
+from sluice.admission.reservation import ReservationPolicy
+from sluice.admission.tenant_caps import TenantLimits, TenantLimitsTable
 from sluice.config import SluiceSettings
+from sluice.placement.config import ClassPolicy, PlacementConfig
 
 
 class SchedulerSettings(SluiceSettings):
@@ -8,6 +17,64 @@ class SchedulerSettings(SluiceSettings):
         "127.0.0.1:50061",
         description="comma-separated host:port of every replica to watch (SLUICE_REPLICA_ADDRESSES)",
     )
+    interactive_ttft_slo_s: float = Field(2.0, gt=0, description="predicted start past this -> 429 over_capacity")
+    batch_ttft_slo_s: float = Field(600.0, gt=0, description="the same for service_tier=flex")
+    interactive_max_queue_wait_s: float = Field(10.0, gt=0, description="queued longer -> 429 queue_timeout")
+    batch_max_queue_wait_s: float = Field(3600.0, gt=0)
+    interactive_max_queue_length: int = Field(1024, ge=1, description="per pool; past it 429 queue_full")
+    batch_max_queue_length: int = Field(10000, ge=1)
+    default_output_tokens_interactive: int = Field(512, ge=1, description="reserved when max_tokens is not given")
+    default_output_tokens_batch: int = Field(1024, ge=1)
+    kv_buffer_fraction: float = Field(0.0, ge=0, le=4, description="extra reserved on top of the bounded output")
+    tenant_max_active_seqs: int = Field(256, ge=1, description="per tenant and pool, queued + running")
+    tenant_max_kv_share: float = Field(0.5, gt=0, le=1, description="of a pool's KV, reserved + queued")
+    tenant_limits: str = Field(
+        "", description='JSON overrides per tenant: {"acme": {"max_active_seqs": 64, "max_kv_share": 0.8}}'
+    )
+    vtc_input_weight: float = Field(1.0, gt=0)
+    vtc_output_weight: float = Field(2.0, gt=0)
+    batch_max_share: float = Field(0.5, gt=0, le=1, description="of KV and seats while interactive is present")
+    batch_pause_queue_age_s: float = Field(0.5, ge=0, description="no batch while interactive queued this long")
+    long_prompt_tokens: int = Field(2048, ge=0, description="prompts this long take the long-prefill lane; 0 = off")
+    long_prefills_per_replica: int = Field(1, ge=1)
+    prefix_load_margin: float = Field(0.25, ge=0, le=1)
+    schedule_interval_s: float = Field(0.05, gt=0, description="deadline sweep while anything is queued")
+
+    @field_validator("tenant_limits")
+    @classmethod
+    def _valid_json(cls, value: str) -> str:
+        if value:
+            parsed = json.loads(value)
+            if not isinstance(parsed, dict):
+                raise ValueError("SLUICE_TENANT_LIMITS must be a JSON object of tenant -> limits")
+            for limits in parsed.values():
+                TenantLimits(**limits)
+        return value
 
     def replica_address_list(self) -> list[str]:
         return [a.strip() for a in self.replica_addresses.split(",") if a.strip()]
+
+    def placement_config(self) -> PlacementConfig:
+        default = TenantLimits(self.tenant_max_active_seqs, self.tenant_max_kv_share)
+        overrides = {
+            tenant: TenantLimits(**{"max_active_seqs": default.max_active_seqs,
+                                    "max_kv_share": default.max_kv_share, **limits})
+            for tenant, limits in (json.loads(self.tenant_limits) if self.tenant_limits else {}).items()
+        }
+        return PlacementConfig(
+            interactive=ClassPolicy(
+                self.interactive_ttft_slo_s, self.interactive_max_queue_wait_s, self.interactive_max_queue_length
+            ),
+            batch=ClassPolicy(self.batch_ttft_slo_s, self.batch_max_queue_wait_s, self.batch_max_queue_length),
+            reservation=ReservationPolicy(
+                self.default_output_tokens_interactive, self.default_output_tokens_batch, self.kv_buffer_fraction
+            ),
+            tenants=TenantLimitsTable(default, overrides),
+            vtc_input_weight=self.vtc_input_weight,
+            vtc_output_weight=self.vtc_output_weight,
+            batch_max_share=self.batch_max_share,
+            batch_pause_queue_age_s=self.batch_pause_queue_age_s,
+            long_prompt_tokens=self.long_prompt_tokens,
+            long_prefills_per_replica=self.long_prefills_per_replica,
+            prefix_load_margin=self.prefix_load_margin,
+        )
