@@ -15,17 +15,26 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# Every local distribution the three services need, transitively; all pure
+# Python (sluice-engine, a router dependency, is the torch-free engine core;
+# the model and kernels never come in).
+COPY libs/outcomes libs/outcomes
 COPY libs/rpc libs/rpc
 COPY libs/config libs/config
 COPY libs/tokenization libs/tokenization
+COPY libs/engine libs/engine
+COPY libs/admission libs/admission
 COPY libs/placement libs/placement
+COPY libs/limits libs/limits
+COPY libs/ledger libs/ledger
 COPY services/gateway services/gateway
 COPY services/router services/router
 COPY services/scheduler services/scheduler
 # One resolver run over all local distributions, so `sluice-rpc` etc. are
 # satisfied by the local paths and third-party wheels come from the index.
 RUN pip wheel --wheel-dir /wheels \
-        ./libs/rpc ./libs/config ./libs/tokenization ./libs/placement \
+        ./libs/outcomes ./libs/rpc ./libs/config ./libs/tokenization ./libs/engine \
+        ./libs/admission ./libs/placement ./libs/limits ./libs/ledger \
         ./services/gateway ./services/router ./services/scheduler
 
 # ---- runtime ---------------------------------------------------------------
@@ -34,7 +43,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels \
-        sluice-rpc sluice-config sluice-tokenization sluice-placement \
+        sluice-outcomes sluice-rpc sluice-config sluice-tokenization sluice-engine \
+        sluice-admission sluice-placement sluice-limits sluice-ledger \
         sluice-gateway sluice-router sluice-scheduler \
     && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch leaked into the control-plane image'"
 # Non-root; the numeric uid matches runAsUser in the Helm chart.
