@@ -1,9 +1,8 @@
 """Engine outputs and failures as the replica's wire events (both Generate RPCs)."""
 
-import grpc
-
 from sluice.engine.plan import RequestOutput
 from sluice.engine.request import FinishReason
+from sluice.outcomes import Reason
 from sluice.rpc.errors import ErrorInfo, ServiceError
 from sluice.v1 import common_pb2, replica_pb2
 
@@ -40,5 +39,5 @@ def failure_info(error: BaseException) -> ErrorInfo:
     if isinstance(error, ServiceError):
         return error.info
     if isinstance(error, ValueError):  # the engine refused it (can never fit)
-        return ErrorInfo(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request", str(error))
-    return ErrorInfo(grpc.StatusCode.INTERNAL, "engine_error", "the engine step failed")  # detail logged there
+        return ServiceError.of(Reason.INVALID_REQUEST, str(error)).info
+    return ServiceError.of(Reason.ENGINE_ERROR, "the engine step failed").info  # detail logged there
