@@ -162,3 +162,67 @@ def test_duplicate_content_stays_private_and_returns_uncached():
     blocks.free("a")
     state = blocks.state()
     assert len(state.free_cached_lru) == 1 and len(state.free_uncached) == 3
+
+
+def test_can_allocate_after_freeing_counts_only_blocks_that_would_come_free():
+    blocks = BlockManager(num_blocks=6, block_size_tokens=2)
+    shared = [1, 2, 3, 4]
+    _computed(blocks, "a", shared + [5])  # 3 blocks, 2 of them cached
+    hit = blocks.lookup_prefix(_hashes(shared + [6], 2), 5)
+    blocks.allocate("b", 5, hit)  # shares a's 2 cached blocks, 1 new
+    blocks.allocate("c", 4)       # 2 blocks: 0 free now
+    assert not blocks.can_allocate("x", 2)
+    # Freeing b alone frees only its private block (a still holds the rest).
+    assert blocks.can_allocate("x", 2, after_freeing=["b"])
+    assert not blocks.can_allocate("x", 4, after_freeing=["b"])
+    assert blocks.can_allocate("x", 8, after_freeing=["a", "b"])  # 4 blocks: 2 private + 2 shared
+    # Blocks the allocation takes over as its prefix free nothing for it.
+    hit_x = blocks.lookup_prefix(_hashes(shared + [7, 8, 9], 2), 7)
+    assert hit_x.num_tokens == 4
+    assert not blocks.can_allocate("x", 9, hit_x, after_freeing=["a", "b"])  # needs 3 new, 2 come free
+    assert blocks.can_allocate("x", 9, hit_x, after_freeing=["a", "b", "c"])
+    for seq_id in ("a", "b", "c"):
+        blocks.free(seq_id)
+    assert blocks.allocate("x", 9, hit_x) is not None  # what the check promised
+
+
+# -- cache events ----------------------------------------------------------------
+
+from sluice.engine.block_manager import CacheEvent, CacheEventKind  # noqa: E402
+
+STORED, EVICTED = CacheEventKind.STORED, CacheEventKind.EVICTED
+
+
+def test_registration_is_stored_and_eviction_is_evicted_once_each():
+    blocks = BlockManager(num_blocks=3, block_size_tokens=2)
+    hashes = _hashes([1, 2, 3, 4, 5], 2)
+    assert blocks.drain_cache_events() == ()
+    _computed(blocks, "a", [1, 2, 3, 4, 5])
+    assert blocks.drain_cache_events() == (CacheEvent(STORED, hashes[0]), CacheEvent(STORED, hashes[1]))
+    assert blocks.drain_cache_events() == ()  # drained
+    assert blocks.cached_block_hashes() == frozenset(hashes)
+    blocks.cache_full_blocks("a", hashes, 5)  # already registered: nothing new
+    assert blocks.drain_cache_events() == ()
+    blocks.free("a")  # freed cached blocks stay cached: no event
+    assert blocks.drain_cache_events() == ()
+    blocks.allocate("b", 4)  # 1 uncached + the LRU cached block (a's tail, freed first)
+    assert blocks.drain_cache_events() == (CacheEvent(EVICTED, hashes[1]),)
+    assert blocks.cached_block_hashes() == frozenset(hashes[:1])
+
+
+def test_cache_events_are_the_net_change_between_drains():
+    blocks = BlockManager(num_blocks=2, block_size_tokens=2)
+    one = _hashes([1, 2], 2)
+    _computed(blocks, "a", [1, 2])
+    blocks.free("a")
+    blocks.allocate("x", 4)  # evicts it again before anyone drained
+    assert blocks.drain_cache_events() == ()  # stored then evicted: no net change
+    blocks.free("x")
+    _computed(blocks, "a", [1, 2])
+    blocks.free("a")
+    assert blocks.drain_cache_events() == (CacheEvent(STORED, one[0]),)
+    blocks.allocate("x", 4)  # evicted...
+    blocks.free("x")
+    _computed(blocks, "b", [1, 2])  # ...and stored again (in another block)
+    assert blocks.drain_cache_events() == ()  # still cached, as at the last drain
+    assert blocks.cached_block_hashes() == frozenset(one)

@@ -17,7 +17,16 @@ so "free" = uncached + cached-free, and free + used == num_blocks always.
 Who writes what: only `BlockManager` writes its tables, counts and pools;
 the scheduler decides when (allocate on schedule, cache_full_blocks after
 update confirmed the tokens were computed, free on finish/preempt/cancel).
+
+Cache events: a hash registered is STORED, a cached block evicted is
+EVICTED. They are kept as the net change since the last
+`drain_cache_events()` (the replica's engine loop drains them after every
+step to tell the cluster scheduler what this cache holds), so an owner that
+never drains holds at most one entry per hash stored or evicted since, not
+an ever-growing list.
 """
+
+import enum
 
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Mapping, Sequence
@@ -43,6 +52,17 @@ class CachedPrefix:
     block_hashes: tuple[BlockHash, ...]
     num_tokens: int          # tokens the hit covers: its K/V need not be computed
     num_queried_tokens: int  # tokens of the sequence when it was looked up
+
+
+class CacheEventKind(enum.Enum):
+    STORED = "stored"    # the hash is now cached: a new sequence may hit it
+    EVICTED = "evicted"  # the hash is no longer cached
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvent:
+    kind: CacheEventKind
+    block_hash: BlockHash
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +103,10 @@ class BlockManager:
         # that starts a table (admission or re-admission after preemption).
         self.prefix_cache_queried_tokens_total = 0
         self.prefix_cache_hit_tokens_total = 0
+        # Net cache changes since the last drain, oldest first. A hash is
+        # stored only when it is not cached and evicted only when it is, so
+        # its events alternate and an opposite event cancels a pending one.
+        self._cache_changes: dict[BlockHash, CacheEventKind] = {}
 
     # -- sizes ---------------------------------------------------------------
 
@@ -140,10 +164,22 @@ class BlockManager:
             if block.block_hash is None and block_hash not in self._cached:
                 block.block_hash = block_hash
                 self._cached[block_hash] = block.block_id
+                self._note_cache_change(block_hash, CacheEventKind.STORED)
             # Otherwise an identical block is already cached (two sequences
             # computed the same prefix in the same steps); this copy stays
             # private and goes back to the uncached pool when freed.
         self._num_cached_blocks[seq_id] = max(done, full)
+
+    def cached_block_hashes(self) -> frozenset[BlockHash]:
+        """Every hash a lookup can hit now (in use or free)."""
+        return frozenset(self._cached)
+
+    def drain_cache_events(self) -> tuple[CacheEvent, ...]:
+        """The hashes stored and evicted since the previous drain, each once,
+        as their net change (stored then evicted in between: not at all)."""
+        events = tuple(CacheEvent(kind, block_hash) for block_hash, kind in self._cache_changes.items())
+        self._cache_changes.clear()
+        return events
 
     # -- check-then-act ------------------------------------------------------
 
@@ -243,6 +279,12 @@ class BlockManager:
             del self._free_cached[block.block_id]
         block.ref_count += 1
 
+    def _note_cache_change(self, block_hash: BlockHash, kind: CacheEventKind) -> None:
+        pending = self._cache_changes.pop(block_hash, None)
+        if pending is None or pending is kind:
+            self._cache_changes[block_hash] = kind
+        # else the opposite change was pending: together they change nothing.
+
     def _take_free_block(self) -> int:
         if self._free_uncached:
             block = self._blocks[self._free_uncached.pop()]
@@ -251,6 +293,7 @@ class BlockManager:
             block = self._blocks[block_id]
             # Evict: the block's old content is about to be overwritten.
             del self._cached[block.block_hash]  # type: ignore[arg-type]
+            self._note_cache_change(block.block_hash, CacheEventKind.EVICTED)  # type: ignore[arg-type]
             block.block_hash = None
         block.ref_count = 1
         return block.block_id

@@ -2,7 +2,8 @@
 
 Only this thread touches the engine core and the model runner. Other
 threads talk to it through a command queue (submit, cancel) and read an
-immutable `EngineSnapshot` that the thread republishes after every step.
+immutable `EngineSnapshot` that the thread republishes after every step,
+and the prefix-cache changes it records after every step in `cache_events`.
 Each request's outputs go to the sink its submitter gave (a callable that
 must be thread-safe, e.g. loop.call_soon_threadsafe into an asyncio queue).
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from sluice.engine.plan import RequestOutput
 from sluice.engine.request import EngineRequest
 from sluice.engine.scheduler import IterationScheduler
+from sluice.replica.cache_events import CacheEventLog
 from sluice.replica.executor import StepExecutor
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,11 @@ Sink = Callable[[RequestOutput | BaseException], None]
 # 20 steps, so one slow prefill does not look like a slow replica.
 STEP_TIME_EWMA_WEIGHT = 0.05
 IDLE_WAIT_S = 0.5
+# Cache events kept for WatchState subscribers, per KV block. Past ~2 events
+# a block since a subscriber's previous message, a snapshot (at most one
+# hash per block) is no bigger than the deltas would be, so a subscriber
+# that far behind gets one.
+CACHE_EVENTS_PER_BLOCK = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +53,12 @@ class EngineSnapshot:
     prefix_cache_hit_tokens_total: int = 0
     # Free blocks that still hold a cached prefix (evicted LRU when needed).
     cached_free_kv_blocks: int = 0
+    max_num_seqs: int = 0  # resident sequences the engine takes at once
 
 
 class EngineLoop:
-    def __init__(self, core: IterationScheduler, executor: StepExecutor, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, core: IterationScheduler, executor: StepExecutor, clock: Callable[[], float] = time.monotonic,
+                 cache_events: CacheEventLog | None = None):
         self._core = core
         self._executor = executor
         self._clock = clock
@@ -61,6 +70,9 @@ class EngineLoop:
         self._step_time_s = 0.0
         self._steps_total = 0
         self._generated_tokens_total = 0
+        # Written by the model thread only (record); read by WatchState streams.
+        self.cache_events = cache_events or CacheEventLog(CACHE_EVENTS_PER_BLOCK * core.blocks.num_blocks)
+        self.cache_events.record(core.blocks.drain_cache_events())  # whatever it cached before this loop
         self.snapshot = self._take_snapshot(clock())
 
     # -- any thread ----------------------------------------------------------
@@ -104,6 +116,7 @@ class EngineLoop:
             except Exception as error:  # a bug in the core must not hang every stream
                 log.exception("engine loop failed; failing %d requests", len(self._sinks))
                 self._fail_all(error)
+            self.cache_events.record(self._core.blocks.drain_cache_events())
             self.snapshot = self._take_snapshot(self._clock())
 
     def _fail_all(self, error: BaseException) -> None:
@@ -174,4 +187,5 @@ class EngineLoop:
             prefix_cache_queried_tokens_total=blocks.prefix_cache_queried_tokens_total,
             prefix_cache_hit_tokens_total=blocks.prefix_cache_hit_tokens_total,
             cached_free_kv_blocks=blocks.num_cached_free_blocks,
+            max_num_seqs=self._core.config.max_num_seqs,
         )

@@ -70,8 +70,11 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
         self, request: replica_pb2.WatchStateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[replica_pb2.ReplicaState]:
         interval_s = max(request.min_interval_s, self._state_interval_s)
+        cache_cursor: int | None = None  # None: this stream's first message is a cache snapshot
         while True:
             snapshot = self._engine.snapshot
+            cache = self._engine.cache_events.read_since(cache_cursor)
+            cache_cursor = cache.cursor
             yield replica_pb2.ReplicaState(
                 replica_id=self._replica_id,
                 model_version=self._model_version,
@@ -83,5 +86,9 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                 step_time_s=snapshot.step_time_s,
                 ready=self._is_ready(),
                 at_unix_s=time.time(),
+                max_num_seqs=snapshot.max_num_seqs,
+                cache_stored_block_hashes=cache.stored_block_hashes,
+                cache_evicted_block_hashes=cache.evicted_block_hashes,
+                cache_snapshot=cache.snapshot,
             )
             await asyncio.sleep(interval_s)
