@@ -1,0 +1,123 @@
+"""Class isolation: does a batch flood (service_tier "flex") leave
+interactive latency alone, while batch still gets work done?
+
+One stack (one replica), one tenant (no limits) for both classes, so only
+the service class tells them apart. Three phases of the same length, in
+this order, on the same stack:
+  1. interactive alone: short requests at a steady rate
+  2. batch alone: 64 long flex requests kept outstanding (~1,500-token
+     prompts, max_tokens 128) by a well-behaved batch client: a refused
+     request is sent again after the Retry-After it got; at the end of the
+     window whatever is still running is cancelled
+  3. both together
+Batch work is the output tokens batch requests received inside the window
+(streamed, so partial requests count).
+
+Prints
+  * interactive p99 TTFT beside the batch flood / alone   (target <= 1.5)
+  * batch tokens in the window beside interactive / alone (target >= 0.5)
+then PASS/FAIL lines and a JSON line. Exits 0 whatever the verdict; 1 only
+when the stack fails.
+
+    .venv/bin/python bench/bench_cluster_class_isolation.py [--quick]
+"""
+
+import argparse
+import asyncio
+import math
+import time
+
+from cluster_harness import (
+    PromptMaker, RequestRecord, closed_loop, cluster, median, ms, open_loop, percentile, print_json, ratio,
+    run_main, stream_chat, summary, verdict, warm_up,
+)
+
+TENANT = "acme"
+ENV = {
+    # Capacity set explicitly so the flood contends for it: 2,048 blocks x 16
+    # tokens = 32k tokens, ~20 of the batch requests at once.
+    "SLUICE_KV_CACHE_BLOCKS": "2048",
+    "SLUICE_BLOCK_SIZE_TOKENS": "16",
+    "SLUICE_MAX_NUM_SEQS": "128",
+    "SLUICE_MAX_NUM_BATCHED_TOKENS": "2048",
+}
+INTERACTIVE_RATE_PER_S = 4.0
+INTERACTIVE_PROMPT_TOKENS, INTERACTIVE_MAX_TOKENS = 32, 16
+BATCH_CONCURRENCY = 64
+BATCH_PROMPT_TOKENS, BATCH_MAX_TOKENS = 1500, 128
+
+
+async def interactive(c, key: str, prompts: PromptMaker, duration_s: float) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    async with c.client() as client:
+        await open_loop(INTERACTIVE_RATE_PER_S, duration_s, lambda i: stream_chat(
+            client, key, TENANT, prompts.text(INTERACTIVE_PROMPT_TOKENS), max_tokens=INTERACTIVE_MAX_TOKENS,
+            sink=records))
+    return records
+
+
+async def batch(c, key: str, prompts: PromptMaker, duration_s: float) -> tuple[list[RequestRecord], float, float]:
+    """The flood for `duration_s`; returns its records and its window."""
+    records: list[RequestRecord] = []
+    async with c.client() as client:
+        start = time.monotonic()
+        await closed_loop(BATCH_CONCURRENCY, duration_s, lambda i: stream_chat(
+            client, key, TENANT, prompts.text(BATCH_PROMPT_TOKENS), max_tokens=BATCH_MAX_TOKENS,
+            service_tier="flex", sink=records), pause_after_refusal_s=0.2, honour_retry_after=True)
+    return records, start, start + duration_s
+
+
+def batch_tokens(records: list[RequestRecord], start_s: float, end_s: float) -> int:
+    return sum(r.tokens_between(start_s, end_s) for r in records)
+
+
+def ttfts(records: list[RequestRecord]) -> list[float]:
+    return [r.ttft_s for r in records if r.ttft_s is not None]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="8 s phases instead of 20 s")
+    args = parser.parse_args()
+    duration_s = 8.0 if args.quick else 20.0
+    prompts = PromptMaker(seed=2)
+
+    with cluster(ENV, label="classes") as c:
+        key = c.create_key(TENANT)
+        await warm_up(c, key, prompts)
+        print(f"phase 1: interactive alone, {INTERACTIVE_RATE_PER_S:g}/s for {duration_s:g} s", flush=True)
+        inter_alone = await interactive(c, key, prompts, duration_s)
+        print(f"phase 2: batch alone, {BATCH_CONCURRENCY} outstanding flex requests for {duration_s:g} s", flush=True)
+        batch_alone, start, end = await batch(c, key, prompts, duration_s)
+        tokens_alone = batch_tokens(batch_alone, start, end)
+        print("phase 3: both", flush=True)
+        batch_task = asyncio.ensure_future(batch(c, key, prompts, duration_s + 1.0))
+        await asyncio.sleep(1.0)  # the flood is on before the first interactive request
+        inter_beside = await interactive(c, key, prompts, duration_s)
+        batch_beside, start, _ = await batch_task
+        # The same window length as batch alone, from the flood's start.
+        tokens_beside = batch_tokens(batch_beside, start, start + duration_s)
+
+    p99_alone = percentile(ttfts(inter_alone), 99)
+    p99_beside = percentile(ttfts(inter_beside), 99)
+    ttft_ratio = ratio(p99_beside, p99_alone)
+    work_ratio = ratio(tokens_beside, tokens_alone)
+    print(f"interactive alone : {summary(inter_alone)}; TTFT p50 {ms(median(ttfts(inter_alone)))}, p99 {ms(p99_alone)}")
+    print(f"interactive beside: {summary(inter_beside)}; TTFT p50 {ms(median(ttfts(inter_beside)))}, "
+          f"p99 {ms(p99_beside)}")
+    print(f"batch alone : {summary(batch_alone)}; {tokens_alone} output tokens in {duration_s:g} s")
+    print(f"batch beside: {summary(batch_beside)}; {tokens_beside} output tokens in {duration_s:g} s")
+    print(f"ratios: interactive p99 TTFT beside / alone {ttft_ratio:.2f}x, batch tokens beside / alone "
+          f"{work_ratio:.2f}x")
+    print(verdict(None if math.isnan(ttft_ratio) else ttft_ratio <= 1.5,
+                  f"interactive p99 TTFT beside batch / alone = {ttft_ratio:.2f}x (target <= 1.5)"))
+    print(verdict(None if math.isnan(work_ratio) else work_ratio >= 0.5,
+                  f"batch tokens in the window beside interactive / alone = {work_ratio:.2f}x (target >= 0.5)"))
+    print_json("cluster_class_isolation", interactive_p99_ttft_ratio=ttft_ratio, batch_tokens_ratio=work_ratio,
+               interactive_p99_ttft_alone_s=p99_alone, interactive_p99_ttft_beside_s=p99_beside,
+               batch_tokens_alone=tokens_alone, batch_tokens_beside=tokens_beside)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

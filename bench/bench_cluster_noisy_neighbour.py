@@ -1,0 +1,134 @@
+"""Noisy neighbour: does a tenant flooding far over its token limit hurt a
+quiet tenant, and is it refused cheaply?
+
+One stack (one replica). Tenant A's key has a small --tokens-per-minute;
+A keeps 64 long streaming requests outstanding (~1,500-token prompts,
+max_tokens 128), sending again shortly after each refusal. Tenant B (no
+limits) sends short interactive requests at a steady rate. Baseline, in the
+same run and on the same stack: B's identical load with A silent.
+
+Prints
+  * B's p99 TTFT under the flood / alone          (target <= 2)
+  * A's refusals: count, reasons, median time from send to the 429
+                                                    (target < 50 ms),
+    and how many carried Retry-After              (target: all)
+  * the largest KV share A ever held, from the scheduler's
+    sluice_tenant_reserved_kv_share{tenant="tenant-a"} sampled every 0.5 s
+    ("n/a" while the scheduler does not export it; no target)
+then one PASS/FAIL line per target and a JSON line. Exits 0 whatever the
+verdict; 1 only when the stack fails.
+
+    .venv/bin/python bench/bench_cluster_noisy_neighbour.py [--quick]
+"""
+
+import argparse
+import asyncio
+import math
+from collections import Counter
+
+from cluster_harness import (
+    MetricsSampler, PromptMaker, RequestRecord, closed_loop, cluster, median, metric_values, ms, open_loop,
+    percentile, print_json, ratio, run_main, stream_chat, summary, verdict, warm_up,
+)
+
+TENANT_A, TENANT_B = "tenant-a", "tenant-b"
+ENV = {
+    # Capacity is set, not left to defaults, so the flood contends for it:
+    # 2,048 blocks x 16 tokens = 32k tokens, ~20 of A's 1,628-token requests.
+    "SLUICE_KV_CACHE_BLOCKS": "2048",
+    "SLUICE_BLOCK_SIZE_TOKENS": "16",
+    "SLUICE_MAX_NUM_SEQS": "128",
+    "SLUICE_MAX_NUM_BATCHED_TOKENS": "2048",
+}
+# A's bucket: 60k tokens a minute is ~25 of its requests as the first burst,
+# then one every ~2.4 s, against a flood that asks for ~100x that.
+A_TOKENS_PER_MINUTE = 60_000
+A_CONCURRENCY = 64
+A_PROMPT_TOKENS, A_MAX_TOKENS = 1500, 128
+B_RATE_PER_S = 4.0
+B_PROMPT_TOKENS, B_MAX_TOKENS = 32, 16
+
+
+async def quiet_tenant(cluster_, key: str, prompts: PromptMaker, duration_s: float) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    async with cluster_.client() as client:
+        await open_loop(B_RATE_PER_S, duration_s, lambda i: stream_chat(
+            client, key, TENANT_B, prompts.text(B_PROMPT_TOKENS), max_tokens=B_MAX_TOKENS, sink=records))
+    return records
+
+
+async def flood(cluster_, key: str, prompts: PromptMaker, duration_s: float, pause_s: float) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    async with cluster_.client() as client:
+        await closed_loop(A_CONCURRENCY, duration_s, lambda i: stream_chat(
+            client, key, TENANT_A, prompts.text(A_PROMPT_TOKENS), max_tokens=A_MAX_TOKENS, sink=records),
+            pause_after_refusal_s=pause_s)
+    return records
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="8 s phases instead of 20 s")
+    parser.add_argument("--refusal-pause-s", type=float, default=0.5,
+                        help="how long an A worker waits after a refusal before sending again")
+    args = parser.parse_args()
+    duration_s = 8.0 if args.quick else 20.0
+    prompts = PromptMaker(seed=1)
+
+    with cluster(ENV, label="noisy") as c:
+        key_a = c.create_key(TENANT_A, tokens_per_minute=A_TOKENS_PER_MINUTE, wait=False)
+        key_b = c.create_key(TENANT_B)
+        c.wait_for_key(key_a)
+        await warm_up(c, key_b, prompts)
+
+        print(f"baseline: tenant B alone, {B_RATE_PER_S:g}/s for {duration_s:g} s", flush=True)
+        alone = await quiet_tenant(c, key_b, prompts, duration_s)
+
+        print(f"flood: tenant A x{A_CONCURRENCY} long requests (tpm {A_TOKENS_PER_MINUTE}) beside the same B load",
+              flush=True)
+        async with MetricsSampler(c.metrics_url("scheduler")) as sampler:
+            flood_task = asyncio.ensure_future(flood(c, key_a, prompts, duration_s + 2.0, args.refusal_pause_s))
+            await asyncio.sleep(1.0)  # the flood is on before B's first request
+            beside = await quiet_tenant(c, key_b, prompts, duration_s)
+            flooded = await flood_task
+
+    ttft_alone = percentile([r.ttft_s for r in alone if r.ttft_s is not None], 99)
+    ttft_beside = percentile([r.ttft_s for r in beside if r.ttft_s is not None], 99)
+    ttft_ratio = ratio(ttft_beside, ttft_alone)
+    refusals = [r for r in flooded if r.status == 429]
+    reasons = Counter(r.reject_reason or "none" for r in flooded if r.refused)
+    refusal_s = median([r.time_to_answer_s for r in refusals])
+    with_retry_after = sum(r.retry_after_s is not None for r in refusals)
+    shares = [metric_values(page, "sluice_tenant_reserved_kv_share", "tenant").get(TENANT_A)
+              for _, page in sampler.samples]
+    shares = [s for s in shares if s is not None]
+    max_share = max(shares) if shares else None
+
+    print(f"B alone : {summary(alone)}; TTFT p50 {ms(median([r.ttft_s for r in alone if r.ttft_s]))}, "
+          f"p99 {ms(ttft_alone)}")
+    print(f"B beside: {summary(beside)}; TTFT p50 {ms(median([r.ttft_s for r in beside if r.ttft_s]))}, "
+          f"p99 {ms(ttft_beside)}")
+    print(f"A flood : {summary(flooded)}; tokens received {sum(r.tokens_received for r in flooded)}")
+    print(f"A refusals: {len(refusals)} x 429, reasons {dict(reasons)}, median time to 429 {ms(refusal_s)} "
+          f"(p99 {ms(percentile([r.time_to_answer_s for r in refusals], 99))}), "
+          f"Retry-After on {with_retry_after}/{len(refusals)}")
+    for reason in sorted(reasons):
+        times = [r.time_to_answer_s for r in flooded if r.refused and (r.reject_reason or "none") == reason]
+        print(f"  {reason}: {len(times)}, median time to refusal {ms(median(times))}")
+    print(f"largest KV share A held: {'n/a' if max_share is None else f'{max_share:.2f}'} "
+          f"({len(sampler.samples)} scheduler samples)")
+    print(f"ratio B p99 TTFT flood / alone: {ttft_ratio:.2f}x")
+    print(verdict(None if math.isnan(ttft_ratio) else ttft_ratio <= 2.0,
+                  f"B p99 TTFT under the flood / alone = {ttft_ratio:.2f}x (target <= 2)"))
+    print(verdict(refusal_s < 0.050 if refusals else None,
+                  f"A's median time to its 429 = {ms(refusal_s)} (target < 50 ms)"))
+    print(verdict(with_retry_after == len(refusals) if refusals else None,
+                  f"Retry-After on {with_retry_after}/{len(refusals)} of A's 429s (target: all)"))
+    print_json("cluster_noisy_neighbour", b_p99_ttft_ratio=ttft_ratio, b_p99_ttft_alone_s=ttft_alone,
+               b_p99_ttft_flood_s=ttft_beside, a_refusals=len(refusals), a_reasons=dict(reasons),
+               a_median_refusal_s=refusal_s, a_retry_after=with_retry_after, a_max_kv_share=max_share)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))
