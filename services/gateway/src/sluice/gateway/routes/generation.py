@@ -12,8 +12,9 @@ attempt is recorded unbilled.
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +36,7 @@ from sluice.rpc.errors import ServiceError
 from sluice.v1 import common_pb2, router_pb2
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Output bound assumed for the bucket estimate when max_tokens is omitted;
 # settling with the exact count corrects it when the request ends.
@@ -107,7 +109,13 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         ticket = admitted
         try:
             routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens)
-            opened = await state.router.open_stream(routed)
+            # A request may queue in the scheduler for a while before its
+            # first event: a client that leaves meanwhile must leave the queue.
+            opened = await _unless_disconnected(request, state.router.open_stream(routed))
+        except ClientLeft:
+            state.background.spawn(state.front_door.finish(ticket, None))
+            state.metrics.requests_total.labels(model, "499", "client_left_queued").inc()
+            return Response(status_code=499)
         except BaseException as error:
             # Nothing ran on a replica: give back the slot, the key and the estimate.
             state.background.spawn(state.front_door.finish(ticket, None))
@@ -280,6 +288,29 @@ class ClosingStreamingResponse(StreamingResponse):
                     await asyncio.shield(asyncio.ensure_future(close()))
                 except RuntimeError:  # it is still running: its own cancellation runs the finally
                     pass
+
+
+class ClientLeft(Exception):
+    """The client disconnected before the response started."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ClientLeft (with `work` cancelled) if the client
+    disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientLeft
 
 
 async def _wait_for_disconnect(request: Request) -> None:
