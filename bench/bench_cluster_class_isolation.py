@@ -28,9 +28,9 @@ import math
 import time
 
 from cluster_harness import (
-    PromptMaker, RequestRecord, closed_loop, cluster, median, ms, open_loop, percentile, print_json, ratio,
-    run_main, stream_chat, summary, verdict, warm_up,
+    PromptMaker, RequestRecord, closed_loop, cluster, open_loop, run_main, stream_chat, warm_up,
 )
+from cluster_stats import median, ms, percentile, print_json, ratio, summary, verdict
 
 TENANT = "acme"
 ENV = {
@@ -84,7 +84,7 @@ async def main() -> int:
 
     with cluster(ENV, label="classes") as c:
         key = c.create_key(TENANT)
-        await warm_up(c, key, prompts)
+        await warm_up(c, prompts)
         print(f"phase 1: interactive alone, {INTERACTIVE_RATE_PER_S:g}/s for {duration_s:g} s", flush=True)
         inter_alone = await interactive(c, key, prompts, duration_s)
         print(f"phase 2: batch alone, {BATCH_CONCURRENCY} outstanding flex requests for {duration_s:g} s", flush=True)

@@ -29,9 +29,9 @@ import random
 import time
 
 from cluster_harness import (
-    PromptMaker, RequestRecord, closed_loop, cluster, context_tokens, median, ms, percentile, print_json, ratio,
-    run_main, stream_chat, summary, verdict, warm_up,
+    PromptMaker, RequestRecord, closed_loop, cluster, context_tokens, run_main, stream_chat, warm_up,
 )
+from cluster_stats import median, ms, percentile, print_json, ratio, summary, verdict
 
 TENANT = "acme"
 ENV = {
@@ -110,7 +110,7 @@ async def main() -> int:
 
     with cluster(ENV, label="long-prompts") as c:
         key = c.create_key(TENANT)
-        await warm_up(c, key, prompts)
+        await warm_up(c, prompts)
         print(f"baseline: {CHATS} chats alone for {duration_s:g} s", flush=True)
         alone, alone_start = await chats(c, key, prompts, duration_s, chat_max_tokens)
         print(f"loaded: {CHATS} chats + {LONG_PROMPTS} prompts of {long_tokens} tokens", flush=True)

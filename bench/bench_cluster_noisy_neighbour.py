@@ -27,8 +27,10 @@ import math
 from collections import Counter
 
 from cluster_harness import (
-    MetricsSampler, PromptMaker, RequestRecord, closed_loop, cluster, median, metric_values, ms, open_loop,
-    percentile, print_json, ratio, run_main, stream_chat, summary, verdict, warm_up,
+    PromptMaker, RequestRecord, closed_loop, cluster, open_loop, run_main, stream_chat, warm_up,
+)
+from cluster_stats import (
+    MetricsSampler, median, metric_values, ms, percentile, print_json, ratio, summary, verdict,
 )
 
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"
@@ -79,7 +81,7 @@ async def main() -> int:
         key_a = c.create_key(TENANT_A, tokens_per_minute=A_TOKENS_PER_MINUTE, wait=False)
         key_b = c.create_key(TENANT_B)
         c.wait_for_key(key_a)
-        await warm_up(c, key_b, prompts)
+        await warm_up(c, prompts)
 
         print(f"baseline: tenant B alone, {B_RATE_PER_S:g}/s for {duration_s:g} s", flush=True)
         alone = await quiet_tenant(c, key_b, prompts, duration_s)

@@ -1,0 +1,143 @@
+"""Fairness: two backlogged tenants, one sending 4x larger requests. Does
+each get its share of served tokens, within the scheduler's VTC bound?
+
+One stack (one replica) sized so the two backlogs contend (16 sequences
+at once, 1,024 KV blocks). Tenants S and L (no limits) each keep 32
+requests outstanding (a refused one is sent again after its Retry-After);
+L's prompt and max_tokens are 4x S's. While both are backlogged the
+scheduler's /metrics is sampled every 0.5 s for
+    sluice_tenant_served_tokens_total{tenant}   (the fairness counter)
+    sluice_fairness_bound_tokens                (the VTC bound it promises)
+and the client computes served tokens itself from the responses' usage
+(prompt tokens when the first token arrives, plus output tokens as they
+stream, weight 1 each) as a cross-check. Baselines, first, on the same
+stack: L alone and S alone, half as long each.
+
+Prints
+  * a table over time: served L - S from the scheduler's counter, the bound,
+    and the client's own difference
+  * the ratio of tokens L and S got while both were backlogged, and each
+    one's throughput there as a share of its throughput alone
+  * PASS/FAIL: max |served L - served S| <= the bound (the scheduler's
+    counters; FAIL "not measurable" while it exports none), then a JSON
+    line. Exits 0 whatever the verdict; 1 only when the stack fails.
+
+    .venv/bin/python bench/bench_cluster_fairness.py [--quick]
+"""
+
+import argparse
+import asyncio
+import math
+import time
+
+from cluster_harness import PromptMaker, RequestRecord, closed_loop, cluster, run_main, stream_chat, warm_up
+from cluster_stats import MetricsSampler, metric_value, metric_values, print_json, ratio, summary, verdict
+
+SMALL, LARGE = "tenant-s", "tenant-l"
+ENV = {
+    # Contention is the point: 16 resident sequences and 1,024 blocks x 16
+    # tokens (~25 of L's requests' reservations) for 64 outstanding requests.
+    "SLUICE_MAX_NUM_SEQS": "16",
+    "SLUICE_KV_CACHE_BLOCKS": "1024",
+    "SLUICE_BLOCK_SIZE_TOKENS": "16",
+    "SLUICE_MAX_NUM_BATCHED_TOKENS": "2048",
+}
+OUTSTANDING = 32
+SIZES = {SMALL: (128, 32), LARGE: (512, 128)}  # (prompt tokens, max_tokens)
+SERVED = "sluice_tenant_served_tokens_total"
+BOUND = "sluice_fairness_bound_tokens"
+
+
+async def backlog(c, key: str, tenant: str, prompts: PromptMaker, duration_s: float,
+                  records: list[RequestRecord]) -> None:
+    prompt_tokens, max_tokens = SIZES[tenant]
+    async with c.client() as client:
+        await closed_loop(OUTSTANDING, duration_s, lambda i: stream_chat(
+            client, key, tenant, prompts.text(prompt_tokens), max_tokens=max_tokens, sink=records),
+            pause_after_refusal_s=0.2, honour_retry_after=True)
+
+
+def served_by(records: list[RequestRecord], t: float) -> int:
+    """Prompt tokens of requests whose first token came by `t`, plus output tokens by `t`."""
+    total = 0
+    for r in records:
+        if r.first_token_s is not None and r.first_token_s <= t:
+            total += (r.prompt_tokens or 0) + r.tokens_between(-math.inf, t + 1e-9)
+    return total
+
+
+async def alone(c, key: str, tenant: str, prompts: PromptMaker, duration_s: float) -> float:
+    """Served tokens per second of `tenant` backlogged alone."""
+    records: list[RequestRecord] = []
+    start = time.monotonic()
+    await backlog(c, key, tenant, prompts, duration_s, records)
+    print(f"  {tenant} alone: {summary(records)}", flush=True)
+    return served_by(records, start + duration_s) / duration_s
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="10 s instead of 24 s backlogged")
+    args = parser.parse_args()
+    duration_s = 10.0 if args.quick else 24.0
+    prompts = PromptMaker(seed=4)
+
+    with cluster(ENV, label="fairness") as c:
+        keys = {tenant: c.create_key(tenant, wait=False) for tenant in (SMALL, LARGE)}
+        for key in keys.values():
+            c.wait_for_key(key)
+        await warm_up(c, prompts)
+        print(f"baselines: each tenant alone, {OUTSTANDING} outstanding, {duration_s / 2:g} s", flush=True)
+        rate_alone = {t: await alone(c, keys[t], t, prompts, duration_s / 2) for t in (LARGE, SMALL)}
+        print(f"both backlogged for {duration_s:g} s (L's requests {SIZES[LARGE]} vs S's {SIZES[SMALL]})", flush=True)
+        records: dict[str, list[RequestRecord]] = {SMALL: [], LARGE: []}
+        async with MetricsSampler(c.metrics_url("scheduler")) as sampler:
+            await asyncio.sleep(0.6)  # a first page before the load: counters' starting values
+            start = time.monotonic()
+            await asyncio.gather(*(backlog(c, keys[t], t, prompts, duration_s, records[t]) for t in records))
+        end = start + duration_s
+
+    first_page = sampler.samples[0][1] if sampler.samples else {}
+    start_served = metric_values(first_page, SERVED, "tenant")
+    rows, worst_gap, bounds, worst_client = [], None, [], 0
+    for t, page in sampler.samples:
+        if not start <= t <= end:
+            continue
+        served = metric_values(page, SERVED, "tenant")
+        bound = metric_value(page, BOUND)
+        gap = None
+        if LARGE in served or SMALL in served:
+            gap = (served.get(LARGE, 0) - start_served.get(LARGE, 0)) - (served.get(SMALL, 0) - start_served.get(SMALL, 0))
+            worst_gap = abs(gap) if worst_gap is None else max(worst_gap, abs(gap))
+        if bound is not None:
+            bounds.append(bound)
+        client_gap = served_by(records[LARGE], t) - served_by(records[SMALL], t)
+        worst_client = max(worst_client, abs(client_gap))
+        rows.append((t - start, gap, bound, client_gap))
+
+    print(f"{'t (s)':>6} {'sched L-S':>10} {'bound':>8} {'client L-S':>11}")
+    for t, gap, bound, client_gap in rows[::4] + rows[-1:]:
+        print(f"{t:6.1f} {'n/a' if gap is None else f'{gap:.0f}':>10} "
+              f"{'n/a' if bound is None else f'{bound:.0f}':>8} {client_gap:11d}")
+    totals = {t: served_by(records[t], end) for t in records}
+    rates = {t: totals[t] / duration_s for t in records}
+    share_ratio = ratio(totals[LARGE], totals[SMALL])
+    for tenant in (LARGE, SMALL):
+        print(f"{tenant}: {summary(records[tenant])}; served {totals[tenant]} tokens, {rates[tenant]:.0f}/s beside "
+              f"vs {rate_alone[tenant]:.0f}/s alone ({ratio(rates[tenant], rate_alone[tenant]):.2f}x)")
+    print(f"ratio of served tokens L / S while both backlogged: {share_ratio:.2f}x (client-side; 1.0 = equal)")
+    bound = max(bounds) if bounds else None
+    print(f"max |served L - S|: scheduler {'n/a' if worst_gap is None else f'{worst_gap:.0f}'}, "
+          f"client {worst_client}; bound {'n/a' if bound is None else f'{bound:.0f}'}")
+    measurable = worst_gap is not None and bound is not None
+    print(verdict(worst_gap <= bound if measurable else None,
+                  f"max |served L - S| = {'n/a' if worst_gap is None else f'{worst_gap:.0f}'} tokens within the "
+                  f"VTC bound {'n/a' if bound is None else f'{bound:.0f}'}"))
+    print_json("cluster_fairness", served_ratio_l_over_s=share_ratio, max_gap_scheduler=worst_gap,
+               max_gap_client=worst_client, bound_tokens=bound,
+               beside_over_alone={t: ratio(rates[t], rate_alone[t]) for t in records})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_main(main))

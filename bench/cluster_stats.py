@@ -1,0 +1,117 @@
+"""Numbers for the cluster benchmarks: /metrics pages (parsed, sampled while
+a phase runs), percentiles and ratios, and the printed verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric_values(samples: dict, name: str, label: str) -> dict[str, float]:
+    """label value -> sample value for every sample of `name`."""
+    return {dict(labels).get(label, ""): value for (sample_name, labels), value in samples.items()
+            if sample_name == name}
+
+
+def metric_value(samples: dict, name: str) -> float | None:
+    values = [value for (sample_name, _), value in samples.items() if sample_name == name]
+    return sum(values) if values else None
+
+
+class MetricsSampler:
+    """Scrapes one /metrics page every `interval_s` while in its `async with`."""
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict]] = []  # (monotonic time, parsed page)
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "MetricsSampler":
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                started = time.monotonic()
+                try:
+                    self.samples.append((started, parse_metrics((await client.get(self.url)).text)))
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100); nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median(values: list[float]) -> float:
+    return percentile(values, 50)
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    if denominator == 0 or math.isnan(numerator) or math.isnan(denominator):
+        return math.nan
+    return numerator / denominator
+
+
+def ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
+
+
+def verdict(passed: bool | None, text: str) -> str:
+    """The PASS/FAIL line; None (no measurement) is a FAIL that says so."""
+    return f"{'PASS' if passed else 'FAIL'}: {text}" + ("" if passed is not None else " (not measurable)")
+
+
+def summary(records: list) -> str:
+    """Counts of a list of cluster_harness.RequestRecord."""
+    ok = [r for r in records if r.status == 200]
+    refused = [r for r in records if r.refused]
+    errors = [r for r in records if r.error]
+    return (f"{len(records)} requests: {len(ok)} admitted ({sum(r.finished for r in ok)} finished), "
+            f"{len(refused)} refused, {len(errors)} errors")
+
+
+def print_json(bench: str, **values) -> None:
+    def clean(value):
+        if isinstance(value, float):
+            return None if math.isnan(value) else round(value, 4)
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    print(json.dumps({"bench": bench, **clean(values)}), flush=True)
