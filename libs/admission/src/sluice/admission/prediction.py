@@ -84,11 +84,16 @@ class ServiceTimeEstimate:
     smoothing: float = 0.1  # weight of the newest sample (~the last 10 requests)
     seconds_per_output_token: float | None = None
     first_token_s: float | None = None
+    # Output tokens a finished request generated, smoothed: what the pool
+    # turns over in one mean service time (independent of what is queued,
+    # so that more work ahead can only push a prediction later).
+    output_tokens: float | None = None
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _smooth(self.first_token_s, seconds, self.smoothing)
 
     def observe_decode(self, seconds: float, output_tokens: int) -> None:
+        self.output_tokens = _smooth(self.output_tokens, float(output_tokens), self.smoothing)
         if output_tokens > 0:
             per_token = seconds / output_tokens
             self.seconds_per_output_token = _smooth(self.seconds_per_output_token, per_token, self.smoothing)
@@ -103,6 +108,12 @@ class ServiceTimeEstimate:
 
     def expected_duration_s(self, output_tokens: int, reported_step_time_s: float = 0.0) -> float:
         return self.time_to_first_token_s() + output_tokens * self.per_output_token_s(reported_step_time_s)
+
+    def mean_service_s(self, default_output_tokens: int, reported_step_time_s: float = 0.0) -> float:
+        """Expected duration of a typical request: measured output lengths,
+        or `default_output_tokens` before any request finished."""
+        output = self.output_tokens if self.output_tokens is not None else default_output_tokens
+        return self.expected_duration_s(round(output), reported_step_time_s)
 
 
 def _smooth(current: float | None, sample: float, weight: float) -> float:

@@ -5,8 +5,8 @@
     tenant C  []  (not backlogged)
 
 Bounded in total entries; entries leave when dispatched, cancelled, or
-past their deadline. Heads of tenants that cannot go now (a long prompt
-while the long-prefill lane is full) are skipped, not blocked on.
+past their deadline. Entries that cannot go now (a long prompt while the
+long-prefill lane is full) are skipped, not blocked on.
 """
 
 from collections import OrderedDict, deque
@@ -50,10 +50,16 @@ class ClassQueue:
         self.kv_blocks += entry.kv_blocks
 
     def next_entry(self, may_go: Callable[[QueueEntry], bool]) -> QueueEntry | None:
-        """The head of the smallest-counter tenant whose head `may_go`."""
-        eligible = [t for t, line in self._by_tenant.items() if may_go(line[0])]
-        tenant = self.counters.pick(eligible)
-        return None if tenant is None else self._by_tenant[tenant][0]
+        """The oldest entry that `may_go` of the smallest-counter tenant
+        that has one. An entry held back (a long prompt while the lane is
+        full) does not hold back its tenant's entries behind it."""
+        first_eligible: dict[str, QueueEntry] = {}
+        for tenant, line in self._by_tenant.items():
+            entry = next((e for e in line if may_go(e)), None)
+            if entry is not None:
+                first_eligible[tenant] = entry
+        tenant = self.counters.pick(first_eligible)
+        return None if tenant is None else first_eligible[tenant]
 
     def remove(self, request_id: str) -> QueueEntry | None:
         entry = self._by_id.pop(request_id, None)

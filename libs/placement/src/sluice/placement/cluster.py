@@ -276,34 +276,32 @@ class ClusterScheduler:
         views = self.live_replicas(version, now_s)
         if not views:
             return 0.0
-        interactive_present = self._interactive_present(version, views)
-        rooms = [self._headroom(v, service_class, interactive_present) for v in views]
+        # Without the batch share cap: it is transient policy, and with it a
+        # running interactive request would look like capacity batch regains.
+        rooms = [self._headroom(v, service_class, interactive_present=False) for v in views]
         capacity = PoolCapacity(
             total_kv_blocks=sum(v.total_kv_blocks for v in views),
             total_seats=sum(seats_of(v) for v in views),
-            free_kv_blocks=sum(max(r.kv_blocks, 0) for r in rooms),
-            free_seats=sum(max(r.seats, 0) for r in rooms),
+            # Unclamped: an overbooked replica (negative room) must free more first.
+            free_kv_blocks=sum(r.kv_blocks for r in rooms),
+            free_seats=sum(r.seats for r in rooms),
         )
         ahead_blocks, ahead_seqs = self._work_ahead(version, service_class, tenant, kv_blocks)
         estimate = self._service[version]
         step_time_s = max(v.step_time_s for v in views)
+        per_token_s = estimate.per_output_token_s(step_time_s)
         running: list[RunningWork] = []
-        outputs: list[int] = []
         for r in self.ledger.reservations():
             if r.model_version != version:
                 continue
             if service_class is ServiceClass.INTERACTIVE and r.service_class is ServiceClass.BATCH:
                 continue  # interactive may displace batch: batch does not hold it back
             start_s = r.started_at_s if r.started_at_s is not None else r.granted_at_s + estimate.time_to_first_token_s()
-            finish_s = start_s + r.output_tokens * estimate.per_output_token_s(step_time_s)
-            running.append(RunningWork(max(finish_s, now_s), r.kv_blocks))
-            outputs.append(r.output_tokens)
-        for queued_class in ServiceClass:
-            queue = self._queues.get((version, queued_class))
-            if queue:
-                outputs.extend(e.output_tokens for e in queue.entries())
-        mean_output = sum(outputs) / len(outputs) if outputs else self.config.reservation.default_output_tokens_interactive
-        mean_service_s = estimate.expected_duration_s(int(mean_output), step_time_s)
+            # Work past its expected finish is still running: it finishes
+            # no sooner than its next token.
+            finish_s = max(start_s + r.output_tokens * per_token_s, now_s + per_token_s)
+            running.append(RunningWork(finish_s, r.kv_blocks))
+        mean_service_s = estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive, step_time_s)
         return predict_start_delay_s(
             now_s, capacity, WorkAhead(ahead_blocks + kv_blocks, ahead_seqs + 1), running, mean_service_s
         )
@@ -339,11 +337,14 @@ class ClusterScheduler:
         total_blocks = sum(v.total_kv_blocks for v in views) or 1
         total_seats = sum(seats_of(v) for v in views) or 1
         step_time_s = max((v.step_time_s for v in views), default=0.0)
-        service_s = self._service[version].expected_duration_s(
+        service_s = self._service[version].mean_service_s(
             self.config.reservation.default_output_tokens_interactive, step_time_s
         )
+        # What this request's share of the pool takes to drain: the spacing
+        # of retry slots, and the soonest anyone refused is told to return
+        # (a refusal never says "now": the work that refused it is still there).
         drain_s = service_s * max(kv_blocks / total_blocks, 1 / total_seats)
-        fits_at_s = now_s + max(delay_s - slo_s, 0.0)
+        fits_at_s = now_s + max(delay_s - slo_s, drain_s)
         return self._retry_slots[(version, service_class)].retry_after_s(now_s, fits_at_s, drain_s)
 
     def _tenant_retry_after_s(self, ask: Ask, now_s: float) -> float:
@@ -355,9 +356,9 @@ class ClusterScheduler:
             for r in self.ledger.reservations()
             if r.model_version == ask.model_version and r.tenant == ask.tenant
         ]
-        if not finishes:
-            return estimate.expected_duration_s(self.config.reservation.default_output_tokens_interactive)
-        return max(min(finishes) - now_s, 0.05)
+        if not finishes:  # all of it is queued: it frees a place once one starts and finishes
+            return estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive)
+        return max(min(finishes) - now_s, estimate.per_output_token_s())
 
     # -- views for metrics ---------------------------------------------------
 
