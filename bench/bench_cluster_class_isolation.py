@@ -28,9 +28,9 @@ import math
 import time
 
 from cluster_harness import (
-    PromptMaker, RequestRecord, closed_loop, cluster, open_loop, run_main, stream_chat, warm_up,
+    PromptMaker, PromptPool, RequestRecord, closed_loop, cluster, open_loop, run_main, stream_chat, warm_up,
 )
-from cluster_stats import median, ms, percentile, print_json, ratio, summary, verdict
+from cluster_stats import LoopLag, median, ms, percentile, print_json, ratio, summary, verdict
 
 TENANT = "acme"
 ENV = {
@@ -40,6 +40,11 @@ ENV = {
     "SLUICE_BLOCK_SIZE_TOKENS": "16",
     "SLUICE_MAX_NUM_SEQS": "128",
     "SLUICE_MAX_NUM_BATCHED_TOKENS": "2048",
+    # How much batch may hold while interactive is present, and how long
+    # interactive may wait before batch stops starting (the defaults, stated).
+    "SLUICE_BATCH_MAX_SHARE": "0.5",
+    "SLUICE_BATCH_PAUSE_QUEUE_AGE_S": "0.5",
+    "SLUICE_TENANT_MAX_KV_SHARE": "0.5",
 }
 INTERACTIVE_RATE_PER_S = 4.0
 INTERACTIVE_PROMPT_TOKENS, INTERACTIVE_MAX_TOKENS = 32, 16
@@ -47,22 +52,22 @@ BATCH_CONCURRENCY = 64
 BATCH_PROMPT_TOKENS, BATCH_MAX_TOKENS = 1500, 128
 
 
-async def interactive(c, key: str, prompts: PromptMaker, duration_s: float) -> list[RequestRecord]:
+async def interactive(c, key: str, prompts: PromptPool, duration_s: float) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     async with c.client() as client:
         await open_loop(INTERACTIVE_RATE_PER_S, duration_s, lambda i: stream_chat(
-            client, key, TENANT, prompts.text(INTERACTIVE_PROMPT_TOKENS), max_tokens=INTERACTIVE_MAX_TOKENS,
+            client, key, TENANT, prompts.next(), max_tokens=INTERACTIVE_MAX_TOKENS,
             sink=records))
     return records
 
 
-async def batch(c, key: str, prompts: PromptMaker, duration_s: float) -> tuple[list[RequestRecord], float, float]:
+async def batch(c, key: str, prompts: PromptPool, duration_s: float) -> tuple[list[RequestRecord], float, float]:
     """The flood for `duration_s`; returns its records and its window."""
     records: list[RequestRecord] = []
     async with c.client() as client:
         start = time.monotonic()
         await closed_loop(BATCH_CONCURRENCY, duration_s, lambda i: stream_chat(
-            client, key, TENANT, prompts.text(BATCH_PROMPT_TOKENS), max_tokens=BATCH_MAX_TOKENS,
+            client, key, TENANT, prompts.next(), max_tokens=BATCH_MAX_TOKENS,
             service_tier="flex", sink=records), pause_after_refusal_s=0.2, honour_retry_after=True)
     return records, start, start + duration_s
 
@@ -85,16 +90,18 @@ async def main() -> int:
     with cluster(ENV, label="classes") as c:
         key = c.create_key(TENANT)
         await warm_up(c, prompts)
+        short, long = prompts.pool(INTERACTIVE_PROMPT_TOKENS), prompts.pool(BATCH_PROMPT_TOKENS)
         print(f"phase 1: interactive alone, {INTERACTIVE_RATE_PER_S:g}/s for {duration_s:g} s", flush=True)
-        inter_alone = await interactive(c, key, prompts, duration_s)
+        inter_alone = await interactive(c, key, short, duration_s)
         print(f"phase 2: batch alone, {BATCH_CONCURRENCY} outstanding flex requests for {duration_s:g} s", flush=True)
-        batch_alone, start, end = await batch(c, key, prompts, duration_s)
+        batch_alone, start, end = await batch(c, key, long, duration_s)
         tokens_alone = batch_tokens(batch_alone, start, end)
         print("phase 3: both", flush=True)
-        batch_task = asyncio.ensure_future(batch(c, key, prompts, duration_s + 1.0))
-        await asyncio.sleep(1.0)  # the flood is on before the first interactive request
-        inter_beside = await interactive(c, key, prompts, duration_s)
-        batch_beside, start, _ = await batch_task
+        async with LoopLag() as lag:
+            batch_task = asyncio.ensure_future(batch(c, key, long, duration_s + 1.0))
+            await asyncio.sleep(1.0)  # the flood is on before the first interactive request
+            inter_beside = await interactive(c, key, short, duration_s)
+            batch_beside, start, _ = await batch_task
         # The same window length as batch alone, from the flood's start.
         tokens_beside = batch_tokens(batch_beside, start, start + duration_s)
 
@@ -107,6 +114,7 @@ async def main() -> int:
           f"p99 {ms(p99_beside)}")
     print(f"batch alone : {summary(batch_alone)}; {tokens_alone} output tokens in {duration_s:g} s")
     print(f"batch beside: {summary(batch_beside)}; {tokens_beside} output tokens in {duration_s:g} s")
+    print(f"phase 3: {lag.describe()} (included in the client's timings above)")
     print(f"ratios: interactive p99 TTFT beside / alone {ttft_ratio:.2f}x, batch tokens beside / alone "
           f"{work_ratio:.2f}x")
     print(verdict(None if math.isnan(ttft_ratio) else ttft_ratio <= 1.5,

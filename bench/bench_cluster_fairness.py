@@ -10,7 +10,7 @@ scheduler's /metrics is sampled every 0.5 s for
     sluice_fairness_bound_tokens                (the VTC bound it promises)
 and the client computes served tokens itself from the responses' usage
 (prompt tokens when the first token arrives, plus output tokens as they
-stream, weight 1 each) as a cross-check. Baselines, first, on the same
+stream, weighted 1 and 2 as the scheduler is told to) as a cross-check. Baselines, after, on the same
 stack: L alone and S alone, half as long each.
 
 Prints
@@ -30,7 +30,7 @@ import asyncio
 import math
 import time
 
-from cluster_harness import PromptMaker, RequestRecord, closed_loop, cluster, run_main, stream_chat, warm_up
+from cluster_harness import PromptMaker, PromptPool, RequestRecord, closed_loop, cluster, run_main, stream_chat, warm_up
 from cluster_stats import MetricsSampler, metric_value, metric_values, print_json, ratio, summary, verdict
 
 SMALL, LARGE = "tenant-s", "tenant-l"
@@ -41,32 +41,40 @@ ENV = {
     "SLUICE_KV_CACHE_BLOCKS": "1024",
     "SLUICE_BLOCK_SIZE_TOKENS": "16",
     "SLUICE_MAX_NUM_BATCHED_TOKENS": "2048",
+    # The VTC measure: served = input x 1 + output x 2 (the defaults,
+    # stated; the client's cross-check uses the same weights), and each
+    # tenant's cap of half the pool's KV.
+    "SLUICE_VTC_INPUT_WEIGHT": "1",
+    "SLUICE_VTC_OUTPUT_WEIGHT": "2",
+    "SLUICE_TENANT_MAX_KV_SHARE": "0.5",
 }
+INPUT_WEIGHT, OUTPUT_WEIGHT = 1, 2
 OUTSTANDING = 32
 SIZES = {SMALL: (128, 32), LARGE: (512, 128)}  # (prompt tokens, max_tokens)
 SERVED = "sluice_tenant_served_tokens_total"
 BOUND = "sluice_fairness_bound_tokens"
 
 
-async def backlog(c, key: str, tenant: str, prompts: PromptMaker, duration_s: float,
+async def backlog(c, key: str, tenant: str, prompts: PromptPool, duration_s: float,
                   records: list[RequestRecord]) -> None:
-    prompt_tokens, max_tokens = SIZES[tenant]
+    max_tokens = SIZES[tenant][1]
     async with c.client() as client:
         await closed_loop(OUTSTANDING, duration_s, lambda i: stream_chat(
-            client, key, tenant, prompts.text(prompt_tokens), max_tokens=max_tokens, sink=records),
+            client, key, tenant, prompts.next(), max_tokens=max_tokens, sink=records),
             pause_after_refusal_s=0.2, honour_retry_after=True)
 
 
 def served_by(records: list[RequestRecord], t: float) -> int:
-    """Prompt tokens of requests whose first token came by `t`, plus output tokens by `t`."""
+    """Weighted prompt tokens of requests whose first token came by `t`,
+    plus weighted output tokens by `t` (the VTC measure, client-side)."""
     total = 0
     for r in records:
         if r.first_token_s is not None and r.first_token_s <= t:
-            total += (r.prompt_tokens or 0) + r.tokens_between(-math.inf, t + 1e-9)
+            total += INPUT_WEIGHT * (r.prompt_tokens or 0) + OUTPUT_WEIGHT * r.tokens_between(-math.inf, t + 1e-9)
     return total
 
 
-async def alone(c, key: str, tenant: str, prompts: PromptMaker, duration_s: float) -> float:
+async def alone(c, key: str, tenant: str, prompts: PromptPool, duration_s: float) -> float:
     """Served tokens per second of `tenant` backlogged alone."""
     records: list[RequestRecord] = []
     start = time.monotonic()
@@ -87,15 +95,19 @@ async def main() -> int:
         for key in keys.values():
             c.wait_for_key(key)
         await warm_up(c, prompts)
-        print(f"baselines: each tenant alone, {OUTSTANDING} outstanding, {duration_s / 2:g} s", flush=True)
-        rate_alone = {t: await alone(c, keys[t], t, prompts, duration_s / 2) for t in (LARGE, SMALL)}
+        pools = {tenant: prompts.pool(size[0]) for tenant, size in SIZES.items()}
+        # Both backlogged first, while both tenants are new to the scheduler
+        # (a baseline before would leave one tenant's counter ahead).
         print(f"both backlogged for {duration_s:g} s (L's requests {SIZES[LARGE]} vs S's {SIZES[SMALL]})", flush=True)
         records: dict[str, list[RequestRecord]] = {SMALL: [], LARGE: []}
         async with MetricsSampler(c.metrics_url("scheduler")) as sampler:
             await asyncio.sleep(0.6)  # a first page before the load: counters' starting values
             start = time.monotonic()
-            await asyncio.gather(*(backlog(c, keys[t], t, prompts, duration_s, records[t]) for t in records))
+            await asyncio.gather(*(backlog(c, keys[t], t, pools[t], duration_s, records[t]) for t in records))
         end = start + duration_s
+        await asyncio.sleep(1.0)  # what was cancelled at the end leaves the pool
+        print(f"baselines: each tenant alone, {OUTSTANDING} outstanding, {duration_s / 2:g} s", flush=True)
+        rate_alone = {t: await alone(c, keys[t], t, pools[t], duration_s / 2) for t in (LARGE, SMALL)}
 
     first_page = sampler.samples[0][1] if sampler.samples else {}
     start_served = metric_values(first_page, SERVED, "tenant")
@@ -104,10 +116,11 @@ async def main() -> int:
         if not start <= t <= end:
             continue
         served = metric_values(page, SERVED, "tenant")
-        bound = metric_value(page, BOUND)
+        bound = metric_value(page, BOUND, **{"class": "interactive"})  # both tenants send interactive
         gap = None
         if LARGE in served or SMALL in served:
-            gap = (served.get(LARGE, 0) - start_served.get(LARGE, 0)) - (served.get(SMALL, 0) - start_served.get(SMALL, 0))
+            since = {t: served.get(t, 0) - start_served.get(t, 0) for t in (LARGE, SMALL)}
+            gap = since[LARGE] - since[SMALL]
             worst_gap = abs(gap) if worst_gap is None else max(worst_gap, abs(gap))
         if bound is not None:
             bounds.append(bound)
@@ -123,9 +136,11 @@ async def main() -> int:
     rates = {t: totals[t] / duration_s for t in records}
     share_ratio = ratio(totals[LARGE], totals[SMALL])
     for tenant in (LARGE, SMALL):
-        print(f"{tenant}: {summary(records[tenant])}; served {totals[tenant]} tokens, {rates[tenant]:.0f}/s beside "
+        print(f"{tenant}: {summary(records[tenant])}; served {totals[tenant]} weighted tokens, "
+              f"{rates[tenant]:.0f}/s beside "
               f"vs {rate_alone[tenant]:.0f}/s alone ({ratio(rates[tenant], rate_alone[tenant]):.2f}x)")
-    print(f"ratio of served tokens L / S while both backlogged: {share_ratio:.2f}x (client-side; 1.0 = equal)")
+    print(f"ratio of served (weighted) tokens L / S while both backlogged: {share_ratio:.2f}x "
+          "(client-side; 1.0 = equal)")
     bound = max(bounds) if bounds else None
     print(f"max |served L - S|: scheduler {'n/a' if worst_gap is None else f'{worst_gap:.0f}'}, "
           f"client {worst_client}; bound {'n/a' if bound is None else f'{bound:.0f}'}")

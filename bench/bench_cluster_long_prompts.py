@@ -29,7 +29,7 @@ import random
 import time
 
 from cluster_harness import (
-    PromptMaker, RequestRecord, closed_loop, cluster, context_tokens, run_main, stream_chat, warm_up,
+    PromptMaker, PromptPool, RequestRecord, closed_loop, cluster, context_tokens, run_main, stream_chat, warm_up,
 )
 from cluster_stats import median, ms, percentile, print_json, ratio, summary, verdict
 
@@ -43,6 +43,10 @@ ENV = {
     "SLUICE_KV_CACHE_BLOCKS": "8192",
     "SLUICE_BLOCK_SIZE_TOKENS": "16",
     "SLUICE_MAX_NUM_SEQS": "128",
+    # Prompts this long take the scheduler's long-prefill lane, this many
+    # at a time per replica (the defaults, stated).
+    "SLUICE_LONG_PROMPT_TOKENS": "2048",
+    "SLUICE_LONG_PREFILLS_PER_REPLICA": "1",
 }
 CHATS = 32
 CHAT_PROMPT_TOKENS = 32
@@ -53,7 +57,7 @@ LONG_MAX_TOKENS = 16
 TTFT_SKIP_S = 2.0
 
 
-async def chats(c, key: str, prompts: PromptMaker, duration_s: float,
+async def chats(c, key: str, prompts: PromptPool, duration_s: float,
                 max_tokens: tuple[int, int]) -> tuple[list[RequestRecord], float]:
     records: list[RequestRecord] = []
     lengths = random.Random(7)  # the same sequence of lengths in both phases
@@ -63,7 +67,7 @@ async def chats(c, key: str, prompts: PromptMaker, duration_s: float,
         if index not in first:  # stagger the initial 32 over the first second
             first.add(index)
             await asyncio.sleep(index / CHATS)
-        return await stream_chat(client, key, TENANT, prompts.text(CHAT_PROMPT_TOKENS),
+        return await stream_chat(client, key, TENANT, prompts.next(),
                                  max_tokens=lengths.randint(*max_tokens), sink=records)
 
     start = time.monotonic()
@@ -72,14 +76,13 @@ async def chats(c, key: str, prompts: PromptMaker, duration_s: float,
     return records, start
 
 
-async def long_prompts(c, key: str, prompts: PromptMaker, duration_s: float, tokens: int) -> list[RequestRecord]:
-    """LONG_PROMPTS arrivals spread over the middle of the window."""
+async def long_prompts(c, key: str, texts: list[str], duration_s: float) -> list[RequestRecord]:
+    """One arrival per text, spread over the middle of the window."""
     records: list[RequestRecord] = []
-    texts = [prompts.text(tokens) for _ in range(LONG_PROMPTS)]  # made before, not while, timing
     async with c.client() as client:
         tasks = []
         start = time.monotonic()
-        spacing_s = 0.8 * duration_s / LONG_PROMPTS
+        spacing_s = 0.8 * duration_s / len(texts)
         for index, text in enumerate(texts):
             await asyncio.sleep(max(0.0, start + 0.1 * duration_s + index * spacing_s - time.monotonic()))
             tasks.append(asyncio.ensure_future(
@@ -112,10 +115,12 @@ async def main() -> int:
         key = c.create_key(TENANT)
         await warm_up(c, prompts)
         print(f"baseline: {CHATS} chats alone for {duration_s:g} s", flush=True)
-        alone, alone_start = await chats(c, key, prompts, duration_s, chat_max_tokens)
+        alone, alone_start = await chats(c, key, prompts.pool(CHAT_PROMPT_TOKENS), duration_s, chat_max_tokens)
         print(f"loaded: {CHATS} chats + {LONG_PROMPTS} prompts of {long_tokens} tokens", flush=True)
-        long_task = asyncio.ensure_future(long_prompts(c, key, prompts, duration_s, long_tokens))
-        beside, beside_start = await chats(c, key, prompts, duration_s, chat_max_tokens)
+        texts = [prompts.text(long_tokens) for _ in range(LONG_PROMPTS)]  # made before, not while, timing
+        chat_prompts = prompts.pool(CHAT_PROMPT_TOKENS)
+        long_task = asyncio.ensure_future(long_prompts(c, key, texts, duration_s))
+        beside, beside_start = await chats(c, key, chat_prompts, duration_s, chat_max_tokens)
         longs = await long_task
 
     itl_alone, itl_beside = gaps(alone), gaps(beside)

@@ -129,12 +129,22 @@ def cluster(env: dict[str, str], *, num_replicas: int = 1, replica_env: dict[int
 
 
 def run_main(main: Callable[[], Awaitable[int]]) -> int:
-    """asyncio.run(main()), mapping a failed stack to exit status 1."""
+    """asyncio.run(main()), mapping a failed stack to exit status 1. The
+    load average is printed before and after: the phases of a run are side
+    by side in time, so other work on the machine between them shifts the
+    ratios, and a reader should be able to see that it was there."""
+    print(f"load average before: {_load()}", flush=True)
     try:
         return asyncio.run(main())
     except StackFailed as error:
         print(f"STACK FAILED: {error}", file=sys.stderr)
         return 1
+    finally:
+        print(f"load average after: {_load()} ({os.cpu_count()} CPUs)", flush=True)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # ----------------------------------------------------------------- prompts
@@ -162,6 +172,24 @@ class PromptMaker:
 
     def count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def pool(self, tokens: int, size: int = 64) -> "PromptPool":
+        return PromptPool([self.text(tokens) for _ in range(size)])
+
+
+class PromptPool:
+    """Prompts made before timing starts (making one costs milliseconds of
+    the client's CPU, which it shares with the services). `next()` cycles
+    through them, each behind a fresh number, so a reused text still shares
+    no prefix block with its earlier use."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self._texts = texts
+        self._count = 0
+
+    def next(self) -> str:
+        self._count += 1
+        return f"{self._count} {self._texts[self._count % len(self._texts)]}"
 
 
 def context_tokens(model_dir: Path = MODEL_DIR) -> int:
@@ -315,10 +343,11 @@ async def warm_up(cluster_: "Cluster", prompts: PromptMaker) -> None:
     go out on the stack's dev key (tenant "dev"), so no measured tenant's
     counters include them."""
     key = cluster_.stack.api_key
+    long, short = prompts.pool(1500, 2), prompts.pool(32, 8)
     async with cluster_.client() as client:
         for _ in range(2):
-            await asyncio.gather(stream_chat(client, key, "warm-up", prompts.text(1500), max_tokens=8),
-                                 *(stream_chat(client, key, "warm-up", prompts.text(32), max_tokens=16)
+            await asyncio.gather(stream_chat(client, key, "warm-up", long.next(), max_tokens=8),
+                                 *(stream_chat(client, key, "warm-up", short.next(), max_tokens=16)
                                    for _ in range(4)))
 
 

@@ -23,14 +23,22 @@ def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     return samples
 
 
-def metric_values(samples: dict, name: str, label: str) -> dict[str, float]:
-    """label value -> sample value for every sample of `name`."""
-    return {dict(labels).get(label, ""): value for (sample_name, labels), value in samples.items()
-            if sample_name == name}
+def metric_values(samples: dict, name: str, label: str, **match: str) -> dict[str, float]:
+    """label value -> the sum of `name`'s samples with that value (and the
+    `match` labels), e.g. served tokens per tenant over all classes."""
+    values: dict[str, float] = {}
+    for (sample_name, labels), value in samples.items():
+        labels = dict(labels)
+        if sample_name == name and all(labels.get(k) == v for k, v in match.items()):
+            key = labels.get(label, "")
+            values[key] = values.get(key, 0.0) + value
+    return values
 
 
-def metric_value(samples: dict, name: str) -> float | None:
-    values = [value for (sample_name, _), value in samples.items() if sample_name == name]
+def metric_value(samples: dict, name: str, **match: str) -> float | None:
+    """The sum of `name`'s samples with the `match` labels; None if it has none."""
+    values = [value for (sample_name, labels), value in samples.items()
+              if sample_name == name and all(dict(labels).get(k) == v for k, v in match.items())]
     return sum(values) if values else None
 
 
@@ -115,3 +123,31 @@ def print_json(bench: str, **values) -> None:
         return value
 
     print(json.dumps({"bench": bench, **clean(values)}), flush=True)
+
+
+class LoopLag:
+    """How late this process's event loop wakes up while in its `async with`:
+    the client shares the machine with the services, and a refusal or a
+    first token it timestamps late is its lag, not the server's."""
+
+    def __init__(self, interval_s: float = 0.01) -> None:
+        self.interval_s = interval_s
+        self.lags_s: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "LoopLag":
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.interval_s)
+            self.lags_s.append(time.monotonic() - before - self.interval_s)
+
+    def describe(self) -> str:
+        return f"client event-loop lag p50 {ms(median(self.lags_s))}, p99 {ms(percentile(self.lags_s, 99))}"
