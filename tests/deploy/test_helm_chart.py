@@ -482,3 +482,105 @@ def test_skaffold_builds_both_images_and_deploys_this_chart() -> None:
             node = node[key]  # KeyError = skaffold sets a value the chart does not have
     (forward,) = config["portForward"]
     assert (forward["resourceName"], forward["port"], forward["localPort"]) == ("sluice-gateway", 8000, 8000)
+
+
+# ---- admission and dispatch knobs ------------------------------------------------------
+
+# Fields every service shares, or that the chart sets from its topology.
+_NOT_ADMISSION_KNOBS = {"replica_addresses", "router_address", "scheduler_address", "metrics_host", "metrics_port",
+                        "shutdown_grace_s", "model_dir", "model_name", "model_version", "log_level"}
+
+
+def _env_values(container: dict) -> dict[str, str]:
+    return {name: e["value"] for name, e in env_of(container).items() if "value" in e}
+
+
+def _scheduler_settings_from(objects: list[dict], monkeypatch: pytest.MonkeyPatch):
+    from sluice.scheduler.settings import SchedulerSettings
+
+    for name, value in _env_values(containers(the_deployment(objects, "scheduler"))[0]).items():
+        monkeypatch.setenv(name, value)
+    return SchedulerSettings()
+
+
+def test_the_scheduler_gets_every_admission_knob(default_objects: list[dict]) -> None:
+    from sluice.scheduler.settings import SchedulerSettings
+
+    env = env_of(containers(the_deployment(default_objects, "scheduler"))[0])
+    knobs = {f"SLUICE_{name.upper()}" for name in SchedulerSettings.model_fields} - {
+        f"SLUICE_{name.upper()}" for name in _NOT_ADMISSION_KNOBS
+    }
+    assert knobs <= set(env), sorted(knobs - set(env))
+
+
+def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.replica.settings import ReplicaSettings
+    from sluice.router.settings import RouterSettings
+    from sluice.scheduler.settings import SchedulerSettings
+
+    code = SchedulerSettings()
+    rendered = _scheduler_settings_from(default_objects, monkeypatch)
+    assert rendered.placement_config() == code.placement_config()
+    assert rendered.schedule_interval_s == code.schedule_interval_s
+
+    router_env = env_of(containers(the_deployment(default_objects, "router"))[0])
+    assert int(router_env["SLUICE_KV_BLOCK_SIZE_TOKENS"]["value"]) == RouterSettings.model_fields[
+        "kv_block_size_tokens"].default
+    for deployment in deployments(default_objects, "replica"):
+        env = env_of(containers(deployment)[0])
+        assert float(env["SLUICE_INTERACTIVE_PREEMPT_AFTER_S"]["value"]) == ReplicaSettings.model_fields[
+            "interactive_preempt_after_s"].default
+
+
+def test_tenant_limits_render_as_json_the_scheduler_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.admission.tenant_caps import TenantLimits
+
+    values = example_values()
+    values["scheduler"]["admission"]["tenantMaxActiveSeqs"] = 100
+    values["scheduler"]["admission"]["tenantLimits"] = {
+        "acme": {"max_active_seqs": 64, "max_kv_share": 0.8},
+        "tiny": {"max_kv_share": 0.1},
+    }
+    tenants = _scheduler_settings_from(render_objects(values), monkeypatch).placement_config().tenants
+    assert tenants.for_tenant("acme") == TenantLimits(max_active_seqs=64, max_kv_share=0.8)
+    assert tenants.for_tenant("tiny") == TenantLimits(max_active_seqs=100, max_kv_share=0.1)
+    assert tenants.for_tenant("anyone") == TenantLimits(max_active_seqs=100, max_kv_share=0.5)
+
+
+def test_replica_preemption_can_be_turned_off_per_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.replica.settings import ReplicaSettings
+
+    values = example_values()
+    values["modelVersions"][0]["interactivePreemptAfterS"] = "none"
+    values["modelVersions"][1]["interactivePreemptAfterS"] = 1.5
+    by_version = {
+        env_of(containers(d)[0])["SLUICE_MODEL_VERSION"]["value"]: env_of(containers(d)[0])
+        for d in deployments(render_objects(values), "replica")
+    }
+    expected = {values["modelVersions"][0]["version"]: None, values["modelVersions"][1]["version"]: 1.5}
+    for version, after_s in expected.items():
+        monkeypatch.setenv("SLUICE_INTERACTIVE_PREEMPT_AFTER_S",
+                           by_version[version]["SLUICE_INTERACTIVE_PREEMPT_AFTER_S"]["value"])
+        assert ReplicaSettings().interactive_preempt_after_s == after_s
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"scheduler": {"admission": {"tenantMaxKvShare": 1.5}}},
+        {"scheduler": {"admission": {"interactiveTtftSloS": 0}}},
+        {"scheduler": {"admission": {"tenantLimits": {"acme": {"max_share": 0.5}}}}},
+        {"scheduler": {"admission": {"tenantLimits": {"acme": {"max_active_seqs": 0}}}}},
+        {"scheduler": {"dispatch": {"batchMaxShare": 0}}},
+        {"scheduler": {"dispatch": {"longPrefillsPerReplica": 0}}},
+        {"scheduler": {"admission": {"sloS": 2}}},
+        {"router": {"kvBlockSizeTokens": 0}},
+        {"replicaDefaults": {"interactivePreemptAfterS": -1}},
+        {"replicaDefaults": {"interactivePreemptAfterS": "never"}},
+    ],
+    ids=lambda bad: json.dumps(bad, separators=(",", ":")),
+)
+def test_schema_rejects_admission_knobs_the_code_would(bad: dict) -> None:
+    with helm.Chart.load(render.CHART_DIR) as chart:
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(bad)
