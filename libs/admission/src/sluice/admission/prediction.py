@@ -90,9 +90,10 @@ class ServiceTimeEstimate:
     output_tokens: float | None = None
 
     def observe_first_token(self, seconds: float) -> None:
-        self.first_token_s = _smooth(self.first_token_s, seconds, self.smoothing)
+        self.first_token_s = _smooth(self.first_token_s, max(seconds, 0.0), self.smoothing)
 
     def observe_decode(self, seconds: float, output_tokens: int) -> None:
+        seconds = max(seconds, 0.0)  # a clock read out of order must not make time negative
         self.output_tokens = _smooth(self.output_tokens, float(output_tokens), self.smoothing)
         if output_tokens > 0:
             per_token = seconds / output_tokens

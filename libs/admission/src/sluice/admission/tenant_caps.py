@@ -59,6 +59,13 @@ def check_tenant_caps(
             f"(at most {limits.max_active_seqs}). Retry when one finishes.",
         )
     allowed_blocks = int(limits.max_kv_share * pool_kv_blocks)
+    if ask_blocks > allowed_blocks:
+        # Alone over the share: waiting cannot help, so it is not a 429.
+        return CapBreach(
+            Reason.REQUEST_TOO_LARGE,
+            f"This request needs {ask_blocks} KV blocks; this key may hold at most {allowed_blocks} of "
+            f"{pool_kv_blocks} on this model ({limits.max_kv_share:.0%}). Lower max_tokens or shorten the messages.",
+        )
     if holding.kv_blocks + ask_blocks > allowed_blocks:
         return CapBreach(
             Reason.TENANT_KV_SHARE,

@@ -114,14 +114,20 @@ class ClusterScheduler:
         limits = self.config.tenants.for_tenant(ask.tenant)
         breach = check_tenant_caps(limits, self._tenant_holding(version, ask.tenant), kv_blocks, pool_blocks)
         if breach is not None:
-            return self._refuse(ask, breach.reason, breach.message, self._tenant_retry_after_s(ask, now_s))
+            retry_s = 0.0 if breach.reason is Reason.REQUEST_TOO_LARGE else self._tenant_retry_after_s(ask, now_s)
+            return self._refuse(ask, breach.reason, breach.message, retry_s)
         policy = self.config.class_policy(is_batch)
         queue = self._queue(version, ask.service_class)
         delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s)
         if len(queue) >= policy.max_queue_length or delay_s > policy.ttft_slo_s:
             reason = Reason.QUEUE_FULL if len(queue) >= policy.max_queue_length else Reason.OVER_CAPACITY
             retry_s = self._capacity_retry_after_s(version, ask.service_class, kv_blocks, delay_s, policy.ttft_slo_s, now_s)
-            return self._refuse(ask, reason, self._over_capacity_message(ask, delay_s, policy.ttft_slo_s), retry_s, delay_s)
+            message = (
+                f"The {'batch' if is_batch else 'interactive'} queue of {version} is full "
+                f"({policy.max_queue_length} requests)."
+                if reason is Reason.QUEUE_FULL else self._over_capacity_message(ask, delay_s, policy.ttft_slo_s)
+            )
+            return self._refuse(ask, reason, message, retry_s, delay_s)
         deadline_s = now_s + policy.max_queue_wait_s
         if ask.deadline_s:
             deadline_s = min(deadline_s, ask.deadline_s)
