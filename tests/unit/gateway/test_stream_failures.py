@@ -27,6 +27,7 @@ from sluice.gateway.router_client import RouterClient
 from sluice.gateway.routes import generation
 from sluice.gateway.settings import GatewaySettings
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_backoff import TenantBackoff
 from sluice.limits import InProcessConcurrencyLimiter, InProcessIdempotencyStore, InProcessRateLimiter
 from sluice.rpc.errors import ServiceError
 from sluice.v1 import router_pb2, router_pb2_grpc
@@ -95,6 +96,7 @@ class Harness:
         app.state.gateway = GatewayState(
             settings=settings, router=self.client, authenticator=Keys(), metrics=GatewayMetrics.create(),
             resources=resources, front_door=FrontDoor(resources, settings), background=self.background,
+            backoff=TenantBackoff(),
         )
         self.metrics = app.state.gateway.metrics
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")

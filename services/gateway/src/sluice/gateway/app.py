@@ -20,6 +20,7 @@ from sluice.gateway.router_client import RouterClient
 from sluice.gateway.routes import generation, health, models, usage
 from sluice.gateway.settings import GatewaySettings
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_backoff import TenantBackoff
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
@@ -43,6 +44,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
             resources=resources,
             front_door=FrontDoor(resources, settings),
             background=background,
+            backoff=TenantBackoff(),
         )
         try:
             yield

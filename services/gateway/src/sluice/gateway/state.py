@@ -9,6 +9,7 @@ from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.resources import GatewayResources
 from sluice.gateway.router_client import RouterClient
 from sluice.gateway.settings import GatewaySettings
+from sluice.gateway.tenant_backoff import TenantBackoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,3 +21,4 @@ class GatewayState:
     resources: GatewayResources
     front_door: FrontDoor
     background: BackgroundTasks
+    backoff: TenantBackoff

@@ -99,6 +99,9 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
                 Reason.CONTEXT_LENGTH_EXCEEDED, f"The prompt is over {state.settings.max_prompt_chars} characters, "
                 "more than any model here can take.", param="messages",
             )
+        backing_off = state.backoff.check(tenant.name, body.model)
+        if backing_off is not None:
+            raise backing_off
         key = idempotency_key_from(request.headers.get("idempotency-key"))
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
         admitted = await state.front_door.admit(tenant, key, estimate)
@@ -120,6 +123,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             # Nothing ran on a replica: give back the slot, the key and the estimate.
             state.background.spawn(state.front_door.finish(ticket, None))
             if isinstance(error, ServiceError):
+                state.backoff.remember(tenant.name, body.model, error)
                 raise from_service_error(error) from None
             raise
     except ApiError as error:
@@ -180,7 +184,7 @@ async def _sse_events(
             elif kind == "finished":
                 finished = event.finished
                 result = progress.finished(finished, ticket.owner is not None)
-                await state.background.run_to_completion(state.front_door.finish(ticket, result))
+                await state.background.run_to_completion(_finish(state, ticket, result))
                 if result.finish_reason is None:
                     outcome = "error"
                     yield sse.event(ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").body())
@@ -207,7 +211,7 @@ async def _sse_events(
         # cancelling upstream propagates to the replica.
         opened.cancel()
         if not ticket.finished:
-            state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=outcome == "error")))
+            state.background.spawn(_finish(state, ticket, progress.unfinished(failed=outcome == "error")))
         state.metrics.streams_active.dec()
         state.metrics.requests_total.labels(fmt.model, "200", outcome).inc()
         state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
@@ -229,17 +233,17 @@ async def _collect(
             collector.cancel()
             opened.cancel()
     if collector not in done:
-        state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=False)))
+        state.background.spawn(_finish(state, ticket, progress.unfinished(failed=False)))
         state.metrics.requests_total.labels(fmt.model, "499", "cancelled").inc()
         return Response(status_code=499)
     try:
         finished = collector.result()
     except ApiError as error:
-        state.background.spawn(state.front_door.finish(ticket, progress.unfinished(failed=True)))
+        state.background.spawn(_finish(state, ticket, progress.unfinished(failed=True)))
         state.metrics.requests_total.labels(fmt.model, str(error.status), error.code or "error").inc()
         return error.response()
     result = progress.finished(finished, ticket.owner is not None)
-    await state.background.run_to_completion(state.front_door.finish(ticket, result))
+    await state.background.run_to_completion(_finish(state, ticket, result))
     if result.finish_reason is None:
         return ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").response()
     state.metrics.requests_total.labels(fmt.model, "200", "finished").inc()
@@ -288,6 +292,13 @@ class ClosingStreamingResponse(StreamingResponse):
                     await asyncio.shield(asyncio.ensure_future(close()))
                 except RuntimeError:  # it is still running: its own cancellation runs the finally
                     pass
+
+
+def _finish(state: GatewayState, ticket: Ticket, outcome: Outcome | None) -> Awaitable[None]:
+    """The front door's accounting for a request that reached a replica; it
+    ended, so what the scheduler's tenant caps count has changed."""
+    state.backoff.forget(ticket.tenant.name)
+    return state.front_door.finish(ticket, outcome)
 
 
 class ClientLeft(Exception):

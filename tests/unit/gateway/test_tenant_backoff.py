@@ -1,0 +1,60 @@
+"""The gateway's memory of a tenant-cap refusal: refuses that tenant's
+next requests at once with the rest of the Retry-After, for that model
+only, never longer than MAX_BACKOFF_S, and forgets when one of the tenant's
+requests ends."""
+
+from sluice.gateway.tenant_backoff import MAX_BACKOFF_S, TenantBackoff
+from sluice.outcomes import Reason
+from sluice.rpc.errors import ServiceError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def refusal(reason: Reason, retry_after_s: float | None = 3.0) -> ServiceError:
+    return ServiceError.of(reason, "this key holds too much", retry_after_s=retry_after_s)
+
+
+def test_a_tenant_cap_refusal_refuses_the_next_request_with_the_remaining_wait():
+    clock = Clock()
+    backoff = TenantBackoff(clock)
+    backoff.remember("acme", "tiny", refusal(Reason.TENANT_KV_SHARE))
+    clock.now_s += 1.0
+    error = backoff.check("acme", "tiny")
+    assert error is not None and error.status == 429 and error.code == "tenant_kv_share"
+    assert abs(error.retry_after_s - 2.0) < 1e-9
+    assert backoff.check("acme", "other-model") is None
+    assert backoff.check("other-tenant", "tiny") is None
+    clock.now_s += 2.0
+    assert backoff.check("acme", "tiny") is None  # the wait is over: ask the scheduler again
+
+
+def test_only_tenant_caps_with_a_retry_after_are_remembered():
+    backoff = TenantBackoff(Clock())
+    backoff.remember("acme", "tiny", refusal(Reason.OVER_CAPACITY))  # the pool's, not the tenant's
+    backoff.remember("acme", "m2", refusal(Reason.TENANT_CONCURRENCY, retry_after_s=None))
+    assert backoff.check("acme", "tiny") is None and backoff.check("acme", "m2") is None
+
+
+def test_a_long_retry_after_is_trusted_for_at_most_the_cap():
+    clock = Clock()
+    backoff = TenantBackoff(clock)
+    backoff.remember("acme", "tiny", refusal(Reason.TENANT_CONCURRENCY, retry_after_s=600.0))
+    assert backoff.check("acme", "tiny").retry_after_s <= MAX_BACKOFF_S
+    clock.now_s += MAX_BACKOFF_S
+    assert backoff.check("acme", "tiny") is None
+
+
+def test_a_request_of_the_tenant_ending_forgets_its_refusals():
+    backoff = TenantBackoff(Clock())
+    backoff.remember("acme", "tiny", refusal(Reason.TENANT_KV_SHARE))
+    backoff.remember("acme", "m2", refusal(Reason.TENANT_CONCURRENCY))
+    backoff.remember("other", "tiny", refusal(Reason.TENANT_CONCURRENCY))
+    backoff.forget("acme")
+    assert backoff.check("acme", "tiny") is None and backoff.check("acme", "m2") is None
+    assert backoff.check("other", "tiny") is not None
