@@ -55,12 +55,24 @@ class SchedulerConfig:
     # (tens of ms); 0.25 s is a small share of an interactive TTFT target of
     # seconds. None: waiting sequences never preempt.
     interactive_preempt_after_s: float | None = 0.25
+    # While any sequence decodes in the step, one sequence's prefill chunk
+    # is at most this many tokens: a near-context prompt then prefills over
+    # several steps instead of making every decode wait for a whole
+    # max_num_batched_tokens step (inter-token latency spikes). 0 = no cap.
+    long_prefill_chunk_tokens: int = 512
+    # While interactive sequences are resident or waiting, batch prefill
+    # takes at most this many tokens of a step: the step (and so every
+    # interactive token) stays short however much batch work is prefilling.
+    # 0 = no cap.
+    batch_prefill_tokens_beside_interactive: int = 256
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         if self.interactive_preempt_after_s is not None and self.interactive_preempt_after_s < 0:
             raise ValueError("interactive_preempt_after_s must be >= 0 or None")
+        if self.long_prefill_chunk_tokens < 0 or self.batch_prefill_tokens_beside_interactive < 0:
+            raise ValueError("long_prefill_chunk_tokens and batch_prefill_tokens_beside_interactive must be >= 0")
 
 
 @dataclass(slots=True)
@@ -79,6 +91,11 @@ class _StepBuilder:
         chunk = self.chunks.pop(request_id, None)
         if chunk is not None:
             self.budget_tokens += len(chunk.token_ids)
+
+
+def _take(uncomputed_tokens: int, budget_tokens: int, chunk_cap: int) -> int:
+    take = min(uncomputed_tokens, budget_tokens)
+    return min(take, chunk_cap) if chunk_cap else take
 
 
 def _rank(sequence: Sequence) -> tuple[int, int]:
@@ -142,20 +159,34 @@ class IterationScheduler:
             if sequence.status is SequenceStatus.RUNNING:  # not preempted earlier in this loop
                 self._schedule_running(sequence, step)
 
+        # Decodes are in this step: no prefill chunk may stretch it.
+        chunk_cap = self.config.long_prefill_chunk_tokens if step.chunks else 0
+        interactive_here = self._waiting.has_class(ServiceClass.INTERACTIVE) or any(
+            s.request.service_class is ServiceClass.INTERACTIVE for s in self._running)
         admitting = True
         for service_class in sorted(ServiceClass):
+            if service_class is ServiceClass.BATCH and interactive_here:
+                cap = self.config.batch_prefill_tokens_beside_interactive
+                if cap:  # batch comes last: what it leaves of the budget goes unused
+                    step.budget_tokens = min(step.budget_tokens, cap)
             prefilling = sorted(
                 (s for s in self._running
                  if s.request.service_class == service_class and s.request_id not in step.chunks),
                 key=_rank,
             )
+            # Tenants with nothing part-way through its prompt are admitted
+            # first: a quiet tenant's short prompt does not wait behind
+            # another tenant's long prompts prefilling chunk by chunk.
+            busy_keys = frozenset(s.request.fairness_key for s in prefilling)
+            if admitting and busy_keys:
+                admitting = self._admit(service_class, step, now_s, chunk_cap, skip_keys=busy_keys)
             for sequence in prefilling:
                 if step.budget_tokens == 0:
                     break
                 if sequence.status is SequenceStatus.RUNNING:
-                    self._schedule_running(sequence, step)
+                    self._schedule_running(sequence, step, chunk_cap)
             if admitting:
-                admitting = self._admit(service_class, step, now_s)
+                admitting = self._admit(service_class, step, now_s, chunk_cap)
 
         return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
 
@@ -185,11 +216,11 @@ class IterationScheduler:
 
     # -- internals -----------------------------------------------------------
 
-    def _schedule_running(self, sequence: Sequence, step: _StepBuilder) -> None:
+    def _schedule_running(self, sequence: Sequence, step: _StepBuilder, chunk_cap: int = 0) -> None:
         """Schedule the next chunk of a running sequence, preempting the least
         important running sequence until its blocks fit (or it is that one)."""
         while True:
-            take = min(sequence.num_uncomputed_tokens, step.budget_tokens)
+            take = _take(sequence.num_uncomputed_tokens, step.budget_tokens, chunk_cap)
             kv = self.blocks.allocate(sequence.request_id, sequence.num_computed_tokens + take)
             if kv is not None:
                 step.add(self._chunk(sequence, take, kv))
@@ -199,18 +230,22 @@ class IterationScheduler:
             if victim is sequence:
                 return
 
-    def _admit(self, service_class: ServiceClass, step: _StepBuilder, now_s: float) -> bool:
-        """Admit waiting sequences of `service_class` while budget, sequence
-        slots and blocks last. False when the head of the line is stuck on
-        blocks or slots: nobody behind it (of any class) may go first."""
+    def _admit(
+        self, service_class: ServiceClass, step: _StepBuilder, now_s: float, chunk_cap: int = 0,
+        skip_keys: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Admit waiting sequences of `service_class` (of tenants not in
+        `skip_keys`) while budget, sequence slots and blocks last. False when
+        the head of the line is stuck on blocks or slots: nobody behind it
+        (of any class) may go first."""
         while step.budget_tokens > 0:
-            sequence = self._waiting.peek()
+            sequence = self._waiting.peek(skip_keys)
             if sequence is None or sequence.request.service_class != service_class:
                 return True
             if sequence.request_id in step.preempted_ids:
                 return False  # it just lost its blocks to make room this step
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
-            take = min(sequence.num_tokens - prefix.num_tokens, step.budget_tokens)
+            take = _take(sequence.num_tokens - prefix.num_tokens, step.budget_tokens, chunk_cap)
             num_tokens = prefix.num_tokens + take
             kv = None
             if len(self._running) < self.config.max_num_seqs:

@@ -48,24 +48,31 @@ class WaitingQueue:
         bisect.insort(line.resumed, sequence, key=lambda s: s.arrival_index)
         self._len += 1
 
-    def peek(self) -> Sequence | None:
+    def peek(self, skip_keys: frozenset[str] = frozenset()) -> Sequence | None:
+        """Who is next; with `skip_keys`, the next of the other tenants
+        (resumed sequences are never skipped: they were admitted once)."""
         for line in self._lines.values():
             if line.resumed:
                 return line.resumed[0]
-            for queue in line.tenants.values():
-                return queue[0]
+            for key, queue in line.tenants.items():
+                if key not in skip_keys:
+                    return queue[0]
         return None
+
+    def has_class(self, service_class: ServiceClass) -> bool:
+        line = self._lines[service_class]
+        return bool(line.resumed or line.tenants)
 
     def pop(self, sequence: Sequence) -> None:
         """Remove `sequence`, which `peek` just answered, and rotate its tenant."""
-        if sequence is not self.peek():
-            raise ValueError(f"{sequence.request_id} is not next in line")
         line = self._lines[sequence.request.service_class]
+        key = sequence.request.fairness_key
         if line.resumed and line.resumed[0] is sequence:
             line.resumed.pop(0)
         else:
-            key = sequence.request.fairness_key
-            queue = line.tenants[key]
+            queue = line.tenants.get(key)
+            if not queue or queue[0] is not sequence or line.resumed:
+                raise ValueError(f"{sequence.request_id} is not next in line")
             queue.popleft()
             if queue:
                 line.tenants.move_to_end(key)

@@ -50,6 +50,8 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
             max_num_seqs=settings.max_num_seqs,
             max_model_len_tokens=model.config.max_position_embeddings,
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
+            long_prefill_chunk_tokens=settings.long_prefill_chunk_tokens,
+            batch_prefill_tokens_beside_interactive=settings.batch_prefill_tokens_beside_interactive,
         ),
         BlockManager(num_blocks, settings.block_size_tokens),
     )

@@ -30,6 +30,12 @@ class ReplicaSettings(SluiceSettings):
     interactive_preempt_after_s: float | None = Field(
         0.25, ge=0, description="an interactive request waiting this long for KV or a slot preempts batch; none = off"
     )
+    long_prefill_chunk_tokens: int = Field(
+        512, ge=0, description="one sequence's prefill chunk while others decode (ITL bound); 0 = no cap"
+    )
+    batch_prefill_tokens_beside_interactive: int = Field(
+        256, ge=0, description="batch prefill tokens per step while interactive work is here; 0 = no cap"
+    )
     state_interval_s: float = Field(0.25, gt=0, description="how often WatchState reports")
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
