@@ -7,10 +7,10 @@ from sluice.engine.request import ServiceClass
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
 
 
-def make(budget: int = 64, chunk_cap: int = 0, batch_cap: int = 0) -> IterationScheduler:
+def make(budget: int = 64, chunk_cap: int = 0, batch_cap: int = 0, long_per_step: int = 1) -> IterationScheduler:
     return IterationScheduler(
         SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16, long_prefill_chunk_tokens=chunk_cap,
-                        batch_prefill_tokens_beside_interactive=batch_cap),
+                        max_long_prefills_per_step=long_per_step, batch_prefill_tokens_beside_interactive=batch_cap),
         BlockManager(256, 4),
     )
 
@@ -28,13 +28,11 @@ def step(scheduler: IterationScheduler, now_s: float) -> dict[str, int]:
 
 def test_a_long_prompt_prefills_in_capped_chunks_while_others_decode(make_request):
     scheduler = make(budget=64, chunk_cap=8)
-    scheduler.add(make_request("long-alone", prompt_len=100, max_output=2), now_s=0.0)
-    assert step(scheduler, 0.0) == {"long-alone": 64}  # nobody decodes: the whole budget
     scheduler.add(make_request("chat", max_output=20, prompt=own(1000, 4)), now_s=0.0)
-    step(scheduler, 1.0)  # chat prefills (with the long one's rest)
-    scheduler.add(make_request("long", max_output=2, prompt=own(4000, 100)), now_s=1.0)
-    chunks = step(scheduler, 2.0)
-    assert chunks["chat"] == 1 and chunks["long"] == 8
+    assert step(scheduler, 0.0) == {"chat": 4}
+    scheduler.add(make_request("long", max_output=2, prompt=own(4000, 100)), now_s=0.0)
+    assert step(scheduler, 1.0) == {"chat": 1, "long": 8}
+    assert step(scheduler, 2.0) == {"chat": 1, "long": 8}
 
 
 def test_no_cap_means_the_budget(make_request):
@@ -71,3 +69,28 @@ def test_a_quiet_tenant_is_admitted_before_another_tenants_prompt_part_way_throu
     scheduler.add(make_request("a-short", max_output=2, tenant="a", prompt=own(3000, 6)), now_s=1.5)
     chunks = step(scheduler, 2.0)
     assert chunks["a-long"] == 15 and "a-short" not in chunks
+
+
+def test_one_long_prefill_per_step_while_others_are_here(make_request):
+    scheduler = make(budget=64, chunk_cap=8)
+    scheduler.add(make_request("long-1", max_output=2, tenant="a", prompt=own(1000, 40)), now_s=0.0)
+    scheduler.add(make_request("long-2", max_output=2, tenant="b", prompt=own(2000, 40)), now_s=0.0)
+    scheduler.add(make_request("short", max_output=2, tenant="c", prompt=own(3000, 6)), now_s=0.0)
+    first = step(scheduler, 0.0)
+    assert first == {"long-1": 8}  # its chunk is this step's long one; long-2 keeps its place, and short behind it
+    # Tenant a is part-way through: b's long prompt takes this step's long
+    # chunk (tenants take turns), and the short one fits beside it.
+    assert step(scheduler, 1.0) == {"long-2": 8, "short": 6}
+
+
+def test_several_long_prefills_per_step_when_allowed(make_request):
+    scheduler = make(budget=64, chunk_cap=8, long_per_step=2)
+    scheduler.add(make_request("long-1", max_output=2, tenant="a", prompt=own(1000, 40)), now_s=0.0)
+    scheduler.add(make_request("long-2", max_output=2, tenant="b", prompt=own(2000, 40)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"long-1": 8, "long-2": 8}
+
+
+def test_a_prompt_alone_takes_the_whole_budget(make_request):
+    scheduler = make(budget=64, chunk_cap=8)
+    scheduler.add(make_request("long", max_output=2, prompt=own(1000, 100)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"long": 64}

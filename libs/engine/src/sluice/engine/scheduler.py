@@ -55,11 +55,16 @@ class SchedulerConfig:
     # (tens of ms); 0.25 s is a small share of an interactive TTFT target of
     # seconds. None: waiting sequences never preempt.
     interactive_preempt_after_s: float | None = 0.25
-    # While any sequence decodes in the step, one sequence's prefill chunk
-    # is at most this many tokens: a near-context prompt then prefills over
-    # several steps instead of making every decode wait for a whole
-    # max_num_batched_tokens step (inter-token latency spikes). 0 = no cap.
+    # While other sequences are resident or waiting, one sequence's prefill
+    # chunk is at most this many tokens, and at most
+    # `max_long_prefills_per_step` sequences with more than that left to
+    # prefill get a chunk in one step: near-context prompts then prefill a
+    # chunk at a time instead of making every decode and every short
+    # prompt wait for whole max_num_batched_tokens steps (inter-token
+    # latency and TTFT spikes). A prompt alone on the replica still takes
+    # the whole budget. 0 = no cap.
     long_prefill_chunk_tokens: int = 512
+    max_long_prefills_per_step: int = 1
     # While interactive sequences are resident or waiting, batch prefill
     # takes at most this many tokens of a step: the step (and so every
     # interactive token) stays short however much batch work is prefilling.
@@ -71,6 +76,8 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         if self.interactive_preempt_after_s is not None and self.interactive_preempt_after_s < 0:
             raise ValueError("interactive_preempt_after_s must be >= 0 or None")
+        if self.max_long_prefills_per_step < 1:
+            raise ValueError("max_long_prefills_per_step must be >= 1")
         if self.long_prefill_chunk_tokens < 0 or self.batch_prefill_tokens_beside_interactive < 0:
             raise ValueError("long_prefill_chunk_tokens and batch_prefill_tokens_beside_interactive must be >= 0")
 
@@ -82,6 +89,20 @@ class _StepBuilder:
     budget_tokens: int
     chunks: dict[str, ScheduledChunk] = field(default_factory=dict)
     preempted_ids: list[str] = field(default_factory=list)
+    chunk_cap_tokens: int = 0  # 0 = a prefill may take the whole budget
+    long_slots: int = 0        # chunks left this step for prefills longer than the cap
+
+    def take(self, uncomputed_tokens: int) -> int:
+        """Tokens of a prefill to schedule now; 0 = none this step."""
+        take = min(uncomputed_tokens, self.budget_tokens)
+        if self.chunk_cap_tokens and uncomputed_tokens > self.chunk_cap_tokens:
+            return min(take, self.chunk_cap_tokens) if self.long_slots else 0
+        return take
+
+    def claim(self, uncomputed_tokens: int) -> None:
+        """A chunk of a prefill with `uncomputed_tokens` left was scheduled."""
+        if self.chunk_cap_tokens and uncomputed_tokens > self.chunk_cap_tokens:
+            self.long_slots -= 1
 
     def add(self, chunk: ScheduledChunk) -> None:
         self.chunks[chunk.request_id] = chunk
@@ -91,11 +112,6 @@ class _StepBuilder:
         chunk = self.chunks.pop(request_id, None)
         if chunk is not None:
             self.budget_tokens += len(chunk.token_ids)
-
-
-def _take(uncomputed_tokens: int, budget_tokens: int, chunk_cap: int) -> int:
-    take = min(uncomputed_tokens, budget_tokens)
-    return min(take, chunk_cap) if chunk_cap else take
 
 
 def _rank(sequence: Sequence) -> tuple[int, int]:
@@ -159,8 +175,9 @@ class IterationScheduler:
             if sequence.status is SequenceStatus.RUNNING:  # not preempted earlier in this loop
                 self._schedule_running(sequence, step)
 
-        # Decodes are in this step: no prefill chunk may stretch it.
-        chunk_cap = self.config.long_prefill_chunk_tokens if step.chunks else 0
+        if len(self._running) + len(self._waiting) > 1:  # someone else would wait for a long chunk
+            step.chunk_cap_tokens = self.config.long_prefill_chunk_tokens
+            step.long_slots = self.config.max_long_prefills_per_step
         interactive_here = self._waiting.has_class(ServiceClass.INTERACTIVE) or any(
             s.request.service_class is ServiceClass.INTERACTIVE for s in self._running)
         admitting = True
@@ -179,14 +196,14 @@ class IterationScheduler:
             # another tenant's long prompts prefilling chunk by chunk.
             busy_keys = frozenset(s.request.fairness_key for s in prefilling)
             if admitting and busy_keys:
-                admitting = self._admit(service_class, step, now_s, chunk_cap, skip_keys=busy_keys)
+                admitting = self._admit(service_class, step, now_s, skip_keys=busy_keys)
             for sequence in prefilling:
                 if step.budget_tokens == 0:
                     break
                 if sequence.status is SequenceStatus.RUNNING:
-                    self._schedule_running(sequence, step, chunk_cap)
+                    self._schedule_running(sequence, step)
             if admitting:
-                admitting = self._admit(service_class, step, now_s, chunk_cap)
+                admitting = self._admit(service_class, step, now_s)
 
         return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
 
@@ -216,13 +233,16 @@ class IterationScheduler:
 
     # -- internals -----------------------------------------------------------
 
-    def _schedule_running(self, sequence: Sequence, step: _StepBuilder, chunk_cap: int = 0) -> None:
+    def _schedule_running(self, sequence: Sequence, step: _StepBuilder) -> None:
         """Schedule the next chunk of a running sequence, preempting the least
         important running sequence until its blocks fit (or it is that one)."""
         while True:
-            take = _take(sequence.num_uncomputed_tokens, step.budget_tokens, chunk_cap)
+            take = step.take(sequence.num_uncomputed_tokens)
+            if take == 0:
+                return  # a long prefill past this step's quota: next step
             kv = self.blocks.allocate(sequence.request_id, sequence.num_computed_tokens + take)
             if kv is not None:
+                step.claim(sequence.num_uncomputed_tokens)
                 step.add(self._chunk(sequence, take, kv))
                 return
             victim = max(self._running, key=_rank)
@@ -231,7 +251,7 @@ class IterationScheduler:
                 return
 
     def _admit(
-        self, service_class: ServiceClass, step: _StepBuilder, now_s: float, chunk_cap: int = 0,
+        self, service_class: ServiceClass, step: _StepBuilder, now_s: float,
         skip_keys: frozenset[str] = frozenset(),
     ) -> bool:
         """Admit waiting sequences of `service_class` (of tenants not in
@@ -245,7 +265,10 @@ class IterationScheduler:
             if sequence.request_id in step.preempted_ids:
                 return False  # it just lost its blocks to make room this step
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
-            take = _take(sequence.num_tokens - prefix.num_tokens, step.budget_tokens, chunk_cap)
+            uncomputed = sequence.num_tokens - prefix.num_tokens
+            take = step.take(uncomputed)
+            if take == 0:
+                return False  # a long prompt, and this step's long chunks are taken: it keeps its place
             num_tokens = prefix.num_tokens + take
             kv = None
             if len(self._running) < self.config.max_num_seqs:
@@ -260,6 +283,7 @@ class IterationScheduler:
             if sequence.num_preemptions == 0:
                 sequence.num_cached_tokens = prefix.num_tokens
             self._running.append(sequence)
+            step.claim(uncomputed)
             step.add(self._chunk(sequence, take, kv))
         return True
 

@@ -51,6 +51,7 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
             max_model_len_tokens=model.config.max_position_embeddings,
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
             long_prefill_chunk_tokens=settings.long_prefill_chunk_tokens,
+            max_long_prefills_per_step=settings.max_long_prefills_per_step,
             batch_prefill_tokens_beside_interactive=settings.batch_prefill_tokens_beside_interactive,
         ),
         BlockManager(num_blocks, settings.block_size_tokens),
