@@ -63,12 +63,13 @@ async def quiet_tenant(cluster_, key: str, prompts: PromptPool, duration_s: floa
     return records
 
 
-async def flood(cluster_, key: str, prompts: PromptPool, duration_s: float, pause_s: float) -> list[RequestRecord]:
+async def flood(cluster_, key: str, prompts: PromptPool, duration_s: float, pause_s: float,
+                honour_retry_after: bool) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     async with cluster_.client() as client:
         await closed_loop(A_CONCURRENCY, duration_s, lambda i: stream_chat(
             client, key, TENANT_A, prompts.next(), max_tokens=A_MAX_TOKENS, sink=records),
-            pause_after_refusal_s=pause_s)
+            pause_after_refusal_s=pause_s, honour_retry_after=honour_retry_after)
     return records
 
 
@@ -77,6 +78,9 @@ async def main() -> int:
     parser.add_argument("--quick", action="store_true", help="8 s phases instead of 20 s")
     parser.add_argument("--refusal-pause-s", type=float, default=0.5,
                         help="how long an A worker waits after a refusal before sending again")
+    parser.add_argument("--honour-retry-after", action="store_true",
+                        help="A's workers wait the Retry-After they were given (as the openai SDK does) "
+                             "instead of --refusal-pause-s")
     args = parser.parse_args()
     duration_s = 8.0 if args.quick else 20.0
     prompts = PromptMaker(seed=1)
@@ -94,7 +98,7 @@ async def main() -> int:
         print(f"flood: tenant A x{A_CONCURRENCY} long requests (tpm {A_TOKENS_PER_MINUTE}) beside the same B load",
               flush=True)
         async with MetricsSampler(c.metrics_url("scheduler")) as sampler, LoopLag() as lag:
-            flood_task = asyncio.ensure_future(flood(c, key_a, long, duration_s + 2.0, args.refusal_pause_s))
+            flood_task = asyncio.ensure_future(flood(c, key_a, long, duration_s + 2.0, args.refusal_pause_s, args.honour_retry_after))
             await asyncio.sleep(1.0)  # the flood is on before B's first request
             beside = await quiet_tenant(c, key_b, short, duration_s)
             flooded = await flood_task
