@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from sluice.admission.reservation import ReservationPolicy
-from sluice.admission.tenant_caps import TenantLimits, TenantLimitsTable
+from sluice.admission.tenant_caps import TenantHolding, TenantLimits, TenantLimitsTable
 from sluice.outcomes import Reason
 from sluice.placement.asks import Dispatched, Queued, Refused
 from sluice.placement.config import ClassPolicy
@@ -248,6 +248,17 @@ def test_tenant_kv_share_of_the_pool():
     enqueue_all(scheduler, [make_ask(f"v{i}", tenant="vip") for i in range(10)])  # 100 blocks > 50
     scheduler.schedule(0.0)  # dispatched work still counts
     assert scheduler.enqueue(make_ask("a5", tenant="new-key"), 0.0).reason is Reason.TENANT_KV_SHARE
+
+
+def test_tenant_caps_count_each_class_apart():
+    """A tenant's batch flood (preemptible) does not use up its interactive share."""
+    tenants = TenantLimitsTable(default=TenantLimits(max_active_seqs=5, max_kv_share=0.25))
+    scheduler = make_scheduler(make_view("r0"), make_view("r1"), tenants=tenants)  # 200 blocks: 50 a class
+    enqueue_all(scheduler, [make_ask(f"b{i}", service_class=BATCH) for i in range(5)])  # 50 blocks, 5 seqs
+    assert scheduler.enqueue(make_ask("b5", service_class=BATCH), 0.0).reason is Reason.TENANT_CONCURRENCY
+    enqueue_all(scheduler, [make_ask(f"i{i}") for i in range(5)])
+    assert scheduler.tenant_holdings("v1")["acme"] == TenantHolding(active_seqs=10, kv_blocks=100)
+    assert scheduler.enqueue(make_ask("i5"), 0.0).reason is Reason.TENANT_CONCURRENCY
 
 
 # -- classes: order, share cap, age gate, preemptible batch ----------------------

@@ -1,7 +1,9 @@
 """Per-tenant caps inside one pool, so that no key can occupy every replica.
 
 A tenant's active sequences (queued + dispatched) and the KV it holds
-(reserved + queued, in blocks) are capped; defaults apply to every tenant
+(reserved + queued, in blocks) are capped, in each class apart (a tenant's
+batch work, preemptible by every tenant's interactive work, does not use
+up its interactive share); defaults apply to every tenant
 without an override, so a key created without limits is bounded out of the
 box. The gateway's token buckets bound a tenant's rate; these bound what it
 holds at once, which is what crowds others out of GPU memory.

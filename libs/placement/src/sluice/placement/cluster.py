@@ -112,7 +112,10 @@ class ClusterScheduler:
         kv_blocks = min(reservation.blocks, largest)
         pool_blocks = sum(v.total_kv_blocks for v in views)
         limits = self.config.tenants.for_tenant(ask.tenant)
-        breach = check_tenant_caps(limits, self._tenant_holding(version, ask.tenant), kv_blocks, pool_blocks)
+        # Per class: a tenant's batch work is preemptible by everyone's
+        # interactive, so it must not use up the tenant's interactive share.
+        holding = self._tenant_holding(version, ask.tenant, ask.service_class)
+        breach = check_tenant_caps(limits, holding, kv_blocks, pool_blocks)
         if breach is not None:
             retry_s = 0.0 if breach.reason is Reason.REQUEST_TOO_LARGE else self._tenant_retry_after_s(ask, now_s)
             return self._refuse(ask, breach.reason, breach.message, retry_s)
@@ -406,10 +409,13 @@ class ClusterScheduler:
                 return queue.remove(request_id)
         return None
 
-    def _tenant_holding(self, version: str, tenant: str) -> TenantHolding:
-        seqs, blocks = self.ledger.tenant_holding(version, tenant)
-        for service_class in ServiceClass:
-            queue = self._queues.get((version, service_class))
+    def _tenant_holding(
+        self, version: str, tenant: str, service_class: ServiceClass | None = None
+    ) -> TenantHolding:
+        """Queued + reserved, in one class or in all."""
+        seqs, blocks = self.ledger.tenant_holding(version, tenant, service_class)
+        for queued_class in ServiceClass if service_class is None else (service_class,):
+            queue = self._queues.get((version, queued_class))
             if queue:
                 queued_seqs, queued_blocks = queue.tenant_work().get(tenant, (0, 0))
                 seqs += queued_seqs

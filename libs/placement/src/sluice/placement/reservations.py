@@ -46,8 +46,8 @@ class ReservationLedger:
     def __init__(self) -> None:
         self._by_request: dict[str, Reservation] = {}
         self._by_replica: dict[str, ReplicaHolding] = defaultdict(ReplicaHolding)
-        # (model_version, tenant) -> [seqs, blocks]
-        self._by_tenant: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        # (model_version, tenant, class) -> [seqs, blocks]
+        self._by_tenant: dict[tuple[str, str, ServiceClass], list[int]] = defaultdict(lambda: [0, 0])
 
     def reserve(self, reservation: Reservation) -> None:
         if reservation.request_id in self._by_request:
@@ -83,8 +83,16 @@ class ReservationLedger:
     def holding(self, replica_id: str) -> ReplicaHolding:
         return self._by_replica.get(replica_id) or ReplicaHolding()
 
-    def tenant_holding(self, model_version: str, tenant: str) -> tuple[int, int]:
-        seqs, blocks = self._by_tenant.get((model_version, tenant), (0, 0))
+    def tenant_holding(
+        self, model_version: str, tenant: str, service_class: ServiceClass | None = None
+    ) -> tuple[int, int]:
+        """(sequences, KV blocks) the tenant holds in the pool: in one class, or in all."""
+        classes = list(ServiceClass) if service_class is None else [service_class]
+        seqs = blocks = 0
+        for c in classes:
+            held = self._by_tenant.get((model_version, tenant, c), (0, 0))
+            seqs += held[0]
+            blocks += held[1]
         return seqs, blocks
 
     def reservations(self) -> list[Reservation]:
@@ -106,10 +114,11 @@ class ReservationLedger:
         holding = self._by_replica[reservation.replica_id]
         holding.kv_blocks[reservation.service_class] += sign * reservation.kv_blocks
         holding.seats[reservation.service_class] += sign
-        tenant = self._by_tenant[(reservation.model_version, reservation.tenant)]
+        tenant_key = (reservation.model_version, reservation.tenant, reservation.service_class)
+        tenant = self._by_tenant[tenant_key]
         tenant[0] += sign
         tenant[1] += sign * reservation.kv_blocks
         if holding.total_seats == 0:
             del self._by_replica[reservation.replica_id]
         if tenant[0] == 0:
-            del self._by_tenant[(reservation.model_version, reservation.tenant)]
+            del self._by_tenant[tenant_key]
