@@ -3,6 +3,7 @@ a phase runs), percentiles and ratios, and the printed verdicts."""
 
 from __future__ import annotations
 
+from collections import Counter
 import asyncio
 import json
 import math
@@ -108,8 +109,10 @@ def summary(records: list) -> str:
     ok = [r for r in records if r.status == 200]
     refused = [r for r in records if r.refused]
     errors = [r for r in records if r.error]
+    reasons = Counter(r.reject_reason or "none" for r in refused)
+    why = f" {dict(reasons)}" if reasons else ""
     return (f"{len(records)} requests: {len(ok)} admitted ({sum(r.finished for r in ok)} finished), "
-            f"{len(refused)} refused, {len(errors)} errors")
+            f"{len(refused)} refused{why}, {len(errors)} errors")
 
 
 def print_json(bench: str, **values) -> None:

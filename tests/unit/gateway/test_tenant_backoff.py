@@ -23,38 +23,39 @@ def refusal(reason: Reason, retry_after_s: float | None = 3.0) -> ServiceError:
 def test_a_tenant_cap_refusal_refuses_the_next_request_with_the_remaining_wait():
     clock = Clock()
     backoff = TenantBackoff(clock)
-    backoff.remember("acme", "tiny", refusal(Reason.TENANT_KV_SHARE))
+    backoff.remember("acme", "tiny", "batch", refusal(Reason.TENANT_KV_SHARE))
     clock.now_s += 1.0
-    error = backoff.check("acme", "tiny")
+    assert backoff.check("acme", "tiny", "interactive") is None  # caps count each class apart
+    error = backoff.check("acme", "tiny", "batch")
     assert error is not None and error.status == 429 and error.code == "tenant_kv_share"
     assert abs(error.retry_after_s - 2.0) < 1e-9
-    assert backoff.check("acme", "other-model") is None
-    assert backoff.check("other-tenant", "tiny") is None
+    assert backoff.check("acme", "other-model", "batch") is None
+    assert backoff.check("other-tenant", "tiny", "batch") is None
     clock.now_s += 2.0
-    assert backoff.check("acme", "tiny") is None  # the wait is over: ask the scheduler again
+    assert backoff.check("acme", "tiny", "batch") is None  # the wait is over: ask the scheduler again
 
 
 def test_only_tenant_caps_with_a_retry_after_are_remembered():
     backoff = TenantBackoff(Clock())
-    backoff.remember("acme", "tiny", refusal(Reason.OVER_CAPACITY))  # the pool's, not the tenant's
-    backoff.remember("acme", "m2", refusal(Reason.TENANT_CONCURRENCY, retry_after_s=None))
-    assert backoff.check("acme", "tiny") is None and backoff.check("acme", "m2") is None
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.OVER_CAPACITY))  # the pool's, not the tenant's
+    backoff.remember("acme", "m2", "interactive", refusal(Reason.TENANT_CONCURRENCY, retry_after_s=None))
+    assert backoff.check("acme", "tiny", "interactive") is None and backoff.check("acme", "m2", "interactive") is None
 
 
 def test_a_long_retry_after_is_trusted_for_at_most_the_cap():
     clock = Clock()
     backoff = TenantBackoff(clock)
-    backoff.remember("acme", "tiny", refusal(Reason.TENANT_CONCURRENCY, retry_after_s=600.0))
-    assert backoff.check("acme", "tiny").retry_after_s <= MAX_BACKOFF_S
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_CONCURRENCY, retry_after_s=600.0))
+    assert backoff.check("acme", "tiny", "interactive").retry_after_s <= MAX_BACKOFF_S
     clock.now_s += MAX_BACKOFF_S
-    assert backoff.check("acme", "tiny") is None
+    assert backoff.check("acme", "tiny", "interactive") is None
 
 
 def test_a_request_of_the_tenant_ending_forgets_its_refusals():
     backoff = TenantBackoff(Clock())
-    backoff.remember("acme", "tiny", refusal(Reason.TENANT_KV_SHARE))
-    backoff.remember("acme", "m2", refusal(Reason.TENANT_CONCURRENCY))
-    backoff.remember("other", "tiny", refusal(Reason.TENANT_CONCURRENCY))
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE))
+    backoff.remember("acme", "m2", "interactive", refusal(Reason.TENANT_CONCURRENCY))
+    backoff.remember("other", "tiny", "interactive", refusal(Reason.TENANT_CONCURRENCY))
     backoff.forget("acme")
-    assert backoff.check("acme", "tiny") is None and backoff.check("acme", "m2") is None
-    assert backoff.check("other", "tiny") is not None
+    assert backoff.check("acme", "tiny", "interactive") is None and backoff.check("acme", "m2", "interactive") is None
+    assert backoff.check("other", "tiny", "interactive") is not None

@@ -99,7 +99,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
                 Reason.CONTEXT_LENGTH_EXCEEDED, f"The prompt is over {state.settings.max_prompt_chars} characters, "
                 "more than any model here can take.", param="messages",
             )
-        backing_off = state.backoff.check(tenant.name, body.model)
+        tier = _tier(body)
+        backing_off = state.backoff.check(tenant.name, body.model, tier)
         if backing_off is not None:
             raise backing_off
         key = idempotency_key_from(request.headers.get("idempotency-key"))
@@ -123,7 +124,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             # Nothing ran on a replica: give back the slot, the key and the estimate.
             state.background.spawn(state.front_door.finish(ticket, None))
             if isinstance(error, ServiceError):
-                state.backoff.remember(tenant.name, body.model, error)
+                state.backoff.remember(tenant.name, body.model, tier, error)
                 raise from_service_error(error) from None
             raise
     except ApiError as error:
@@ -292,6 +293,11 @@ class ClosingStreamingResponse(StreamingResponse):
                     await asyncio.shield(asyncio.ensure_future(close()))
                 except RuntimeError:  # it is still running: its own cancellation runs the finally
                     pass
+
+
+def _tier(body: ChatCompletionRequest | CompletionRequest) -> str:
+    """The class a request is served in, as the backoff keys it."""
+    return "batch" if body.service_tier == "flex" else "interactive"
 
 
 def _finish(state: GatewayState, ticket: Ticket, outcome: Outcome | None) -> Awaitable[None]:
