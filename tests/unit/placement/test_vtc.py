@@ -38,6 +38,7 @@ def test_dispatch_charges_the_bound_release_settles_to_what_was_generated():
     assert counters.served["t"] == 100.0 + 40.0
     counters.charge_dispatch("u", 10, 10)
     assert counters.fairness_bound == 200.0  # the largest single request cost so far
+    assert counters.served_fairness_bound == 400.0
 
 
 @settings(max_examples=100, deadline=None)

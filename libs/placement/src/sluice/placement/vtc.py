@@ -56,3 +56,14 @@ class VirtualTokenCounters:
     def fairness_bound(self) -> float:
         """How far two backlogged tenants' counters may drift apart."""
         return self.max_request_cost
+
+    @property
+    def served_fairness_bound(self) -> float:
+        """How far two backlogged tenants' served tokens may drift apart.
+
+        Served tokens lag a counter by the output charged at dispatch and
+        not yet generated (requests in flight); VTC keeps that about equal
+        across backlogged tenants, but it can differ by up to one more
+        request cost at any instant, hence twice the counter bound (the
+        same factor as the paper's bound for per-token charging)."""
+        return 2 * self.max_request_cost

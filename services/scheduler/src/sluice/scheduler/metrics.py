@@ -67,7 +67,7 @@ class SchedulerMetrics:
                                            ["model", "tenant"], registry=r),
             tenant_served_tokens_total=Counter("sluice_tenant_served_tokens", "Weighted tokens served (the VTC measure)",
                                                ["model", "class", "tenant"], registry=r),
-            fairness_bound_tokens=Gauge("sluice_fairness_bound_tokens", "How far two backlogged tenants' counters may drift",
+            fairness_bound_tokens=Gauge("sluice_fairness_bound_tokens", "How far two backlogged tenants' served tokens may drift",
                                         pool, registry=r),
             prefix_hit_blocks_total=Counter("sluice_placement_prefix_hit_blocks", "Prompt blocks the chosen replica had cached", registry=r),
             prefix_queried_blocks_total=Counter("sluice_placement_prefix_queried_blocks", "Prompt blocks placement looked up", registry=r),
@@ -89,7 +89,7 @@ class SchedulerMetrics:
             self.queue_length.labels(*labels).set(len(queue))
             oldest = queue.oldest_enqueued_s()
             self.queue_oldest_age_seconds.labels(*labels).set(0.0 if oldest is None else now_s - oldest)
-            self.fairness_bound_tokens.labels(*labels).set(queue.counters.fairness_bound)
+            self.fairness_bound_tokens.labels(*labels).set(queue.counters.served_fairness_bound)
             for tenant, served in queue.counters.served.items():
                 key = (version, labels[1], tenant)
                 delta = served - self._served_published[key]
