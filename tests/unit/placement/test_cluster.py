@@ -385,6 +385,14 @@ def test_a_loaded_prefix_replica_loses_to_the_least_loaded():
     assert (decision.replica_id, decision.cached_prefix_blocks) == ("r0", 0)
 
 
+def test_prefix_blind_placement_ignores_the_cache():
+    scheduler = prefix_scheduler(prefix_aware=False)
+    enqueue_all(scheduler, [make_ask("q1", hashes=PROMPT)])
+    decision = dispatched(scheduler.schedule(0.0))["q1"]
+    assert decision.cached_prefix_blocks == 0
+    assert scheduler.prefix_stats.queried_blocks == 0
+
+
 def test_hashes_at_another_block_size_are_ignored():
     scheduler = prefix_scheduler()
     enqueue_all(scheduler, [make_ask("q1", hashes=PROMPT, hash_block=32)])

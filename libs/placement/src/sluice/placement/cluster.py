@@ -221,7 +221,8 @@ class ClusterScheduler:
 
     def _candidate(self, view: ReplicaView, entry: QueueEntry, interactive_present: bool) -> Candidate:
         room = self._headroom(view, entry.ask.service_class, interactive_present)
-        hashes = entry.ask.prompt_block_hashes if entry.ask.block_size_tokens == view.block_size_tokens else ()
+        same_blocks = self.config.prefix_aware and entry.ask.block_size_tokens == view.block_size_tokens
+        hashes = entry.ask.prompt_block_hashes if same_blocks else ()
         return Candidate(
             view=view, headroom_kv_blocks=room.kv_blocks, headroom_seats=room.seats, load=room.load,
             matched_prefix_blocks=self.prefix.matched_blocks(view.replica_id, hashes), prompt_blocks=len(hashes),

@@ -49,6 +49,10 @@ class PlacementConfig:
     # replica's prefill budget from the chats. 0 = no lane.
     long_prompt_tokens: int = 2048
     long_prefills_per_replica: int = 1
+    # Score replicas by the prompt blocks they already cache. Off: placement
+    # ignores the prompt's hashes (least loaded only), the baseline the
+    # prefix-placement benchmark measures against.
+    prefix_aware: bool = True
     # Prefix-aware choice keeps to replicas whose load (the larger of KV and
     # seat utilisation, 0..1) is within this of the least-loaded one.
     prefix_load_margin: float = 0.25

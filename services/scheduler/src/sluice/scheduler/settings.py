@@ -37,6 +37,7 @@ class SchedulerSettings(SluiceSettings):
     batch_pause_queue_age_s: float = Field(0.5, ge=0, description="no batch while interactive queued this long")
     long_prompt_tokens: int = Field(2048, ge=0, description="prompts this long take the long-prefill lane; 0 = off")
     long_prefills_per_replica: int = Field(1, ge=1)
+    prefix_aware: bool = Field(True, description="score replicas by the prompt blocks they cache")
     prefix_load_margin: float = Field(0.25, ge=0, le=1)
     schedule_interval_s: float = Field(0.05, gt=0, description="deadline sweep while anything is queued")
 
@@ -76,5 +77,6 @@ class SchedulerSettings(SluiceSettings):
             batch_pause_queue_age_s=self.batch_pause_queue_age_s,
             long_prompt_tokens=self.long_prompt_tokens,
             long_prefills_per_replica=self.long_prefills_per_replica,
+            prefix_aware=self.prefix_aware,
             prefix_load_margin=self.prefix_load_margin,
         )
