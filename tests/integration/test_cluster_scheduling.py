@@ -102,6 +102,20 @@ async def until(check, timeout_s: float = 10) -> None:
         await asyncio.sleep(0.1)
 
 
+async def fill_the_pool(client: httpx.AsyncClient, key: str, max_tokens: int) -> list[asyncio.Task]:
+    """SEATS long streams, returned once every one of them is decoding."""
+    firsts = [asyncio.Event() for _ in range(SEATS)]
+    streams = [asyncio.create_task(stream(client, key, body(max_tokens), first)) for first in firsts]
+    await until_running(streams, firsts)
+    return streams
+
+
+async def cancel_streams(streams: list[asyncio.Task]) -> None:
+    for task in streams:
+        task.cancel()
+    await asyncio.gather(*streams, return_exceptions=True)
+
+
 def scheduler(stack: LocalStack):
     return scrape(stack.metrics_url("scheduler"))
 
@@ -129,13 +143,9 @@ def test_predicted_start_past_the_slo_is_refused_early_with_its_retry_after(smal
 
     async def run():
         async with httpx.AsyncClient(base_url=small_pool.gateway_url, timeout=120) as client:
-            firsts = [asyncio.Event() for _ in range(SEATS)]
-            long_ones = [asyncio.create_task(stream(client, key, body(700), first)) for first in firsts]
-            await until_running(long_ones, firsts)
+            long_ones = await fill_the_pool(client, key, 700)
             refused = await stream(client, key, body(8))
-            for task in long_ones:
-                task.cancel()
-            await asyncio.gather(*long_ones, return_exceptions=True)
+            await cancel_streams(long_ones)
             return refused
 
     refused = asyncio.run(run())
@@ -156,9 +166,7 @@ def test_a_client_that_leaves_while_queued_frees_its_place(small_pool, postgres_
 
     async def run():
         async with httpx.AsyncClient(base_url=small_pool.gateway_url, timeout=120) as client:
-            firsts = [asyncio.Event() for _ in range(SEATS)]
-            long_ones = [asyncio.create_task(stream(client, key, body(600), first)) for first in firsts]
-            await until_running(long_ones, firsts)
+            long_ones = await fill_the_pool(client, key, 600)
             # Batch waits behind interactive work (SLO in minutes): it queues.
             queued = asyncio.create_task(stream(client, key, body(8, service_tier="flex")))
             await until(lambda: metric(scheduler(small_pool), "sluice_queue_length", **{"class": "batch"}) == 1)
@@ -166,9 +174,7 @@ def test_a_client_that_leaves_while_queued_frees_its_place(small_pool, postgres_
             queued.cancel()
             await asyncio.gather(queued, return_exceptions=True)
             await until(lambda: metric(scheduler(small_pool), "sluice_queue_length", **{"class": "batch"}) == 0)
-            for task in long_ones:
-                task.cancel()
-            await asyncio.gather(*long_ones, return_exceptions=True)
+            await cancel_streams(long_ones)
             return placements
 
     placements = asyncio.run(run())
