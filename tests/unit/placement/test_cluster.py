@@ -495,3 +495,13 @@ def test_the_reservation_uses_the_class_default_and_the_buffer():
                             make_ask("capped", prompt=100, max_tokens=500, room=200, tenant="x")])
     blocks = {d.request_id: d.reserved_kv_blocks for d in dispatched(scheduler.schedule(0.0)).values()}
     assert blocks == {"i": -(-(100 + 150) // 16), "b": -(-(100 + 450) // 16), "capped": -(-(100 + 200) // 16)}
+
+
+def test_ties_between_idle_replicas_alternate():
+    scheduler = make_scheduler(make_view("r0"), make_view("r1"))
+    placed = []
+    for i in range(4):
+        enqueue_all(scheduler, [make_ask(f"q{i}")], now_s=float(i))
+        placed.append(dispatched(scheduler.schedule(float(i)))[f"q{i}"].replica_id)
+        scheduler.release(f"q{i}", 60, float(i) + 0.5)  # idle again before the next one
+    assert placed in (["r0", "r1", "r0", "r1"], ["r1", "r0", "r1", "r0"])

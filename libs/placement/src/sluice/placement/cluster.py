@@ -64,6 +64,7 @@ class ClusterScheduler:
         self._service: dict[str, ServiceTimeEstimate] = defaultdict(ServiceTimeEstimate)
         self._retry_slots: dict[tuple[str, ServiceClass], RetrySlots] = defaultdict(RetrySlots)
         self._recent_grants: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
+        self._last_granted_s: dict[str, float] = {}
 
     # -- replicas ------------------------------------------------------------
 
@@ -77,6 +78,7 @@ class ClusterScheduler:
         self._views.pop(replica_id, None)
         self.prefix.forget(replica_id)
         self._recent_grants.pop(replica_id, None)
+        self._last_granted_s.pop(replica_id, None)
 
     def replicas(self) -> list[ReplicaView]:
         return list(self._views.values())
@@ -210,6 +212,7 @@ class ClusterScheduler:
             output_tokens=entry.output_tokens, kv_blocks=entry.kv_blocks, is_long=entry.is_long, granted_at_s=now_s,
         ))
         self._recent_grants[view.replica_id].append((now_s, entry.kv_blocks))
+        self._last_granted_s[view.replica_id] = now_s
         counters.charge_dispatch(ask.tenant, ask.prompt_tokens, entry.output_tokens)
         self.prefix_stats.queried_blocks += chosen.prompt_blocks
         self.prefix_stats.hit_blocks += chosen.matched_prefix_blocks
@@ -226,6 +229,7 @@ class ClusterScheduler:
         return Candidate(
             view=view, headroom_kv_blocks=room.kv_blocks, headroom_seats=room.seats, load=room.load,
             matched_prefix_blocks=self.prefix.matched_blocks(view.replica_id, hashes), prompt_blocks=len(hashes),
+            last_granted_s=self._last_granted_s.get(view.replica_id, float("-inf")),
         )
 
     def _headroom(self, view: ReplicaView, service_class: ServiceClass, interactive_present: bool) -> Headroom:

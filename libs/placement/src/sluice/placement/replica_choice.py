@@ -41,6 +41,7 @@ class Candidate:
     load: float              # 0..1: the larger of KV and seat utilisation
     matched_prefix_blocks: int
     prompt_blocks: int       # full prompt blocks the request sent hashes for
+    last_granted_s: float = float("-inf")  # when this replica last got a request
 
 
 Scorer = Callable[[Candidate], float]
@@ -85,5 +86,9 @@ def pick(
         return None
     return max(
         remaining,
-        key=lambda c: (sum(weight * scorer(c) for scorer, weight in scorers), -c.load, c.view.replica_id),
+        # Ties (idle replicas, no cached prefix) go to the replica that got
+        # a request longest ago, so light traffic spreads instead of piling
+        # onto one replica.
+        key=lambda c: (sum(weight * scorer(c) for scorer, weight in scorers), -c.load, -c.last_granted_s,
+                       c.view.replica_id),
     )
