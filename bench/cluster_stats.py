@@ -43,22 +43,30 @@ def metric_value(samples: dict, name: str, **match: str) -> float | None:
     return sum(values) if values else None
 
 
-class MetricsSampler:
-    """Scrapes one /metrics page every `interval_s` while in its `async with`."""
+class _Probe:
+    """Runs `_run` in the background while in its `async with`."""
 
-    def __init__(self, url: str, interval_s: float = 0.5) -> None:
-        self.url = url
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, dict]] = []  # (monotonic time, parsed page)
-        self._task: asyncio.Task | None = None
+    _task: asyncio.Task | None = None
 
-    async def __aenter__(self) -> "MetricsSampler":
+    async def __aenter__(self):
         self._task = asyncio.ensure_future(self._run())
         return self
 
     async def __aexit__(self, *exc) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
+class MetricsSampler(_Probe):
+    """Scrapes one /metrics page every `interval_s` while in its `async with`."""
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict]] = []  # (monotonic time, parsed page)
 
     async def _run(self) -> None:
         async with httpx.AsyncClient(timeout=5.0) as client:
@@ -128,7 +136,7 @@ def print_json(bench: str, **values) -> None:
     print(json.dumps({"bench": bench, **clean(values)}), flush=True)
 
 
-class LoopLag:
+class LoopLag(_Probe):
     """How late this process's event loop wakes up while in its `async with`:
     the client shares the machine with the services, and a refusal or a
     first token it timestamps late is its lag, not the server's."""
@@ -136,15 +144,6 @@ class LoopLag:
     def __init__(self, interval_s: float = 0.01) -> None:
         self.interval_s = interval_s
         self.lags_s: list[float] = []
-        self._task: asyncio.Task | None = None
-
-    async def __aenter__(self) -> "LoopLag":
-        self._task = asyncio.ensure_future(self._run())
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:

@@ -33,6 +33,9 @@ class ClassQueue:
         self._by_tenant: OrderedDict[str, deque[QueueEntry]] = OrderedDict()
         self._by_id: dict[str, QueueEntry] = {}
         self.kv_blocks = 0  # queued blocks, kept for the admission arithmetic
+        # Queued blocks per tenant, kept with the lines: admission asks for
+        # them on every enqueue, so they are not summed over the queue.
+        self._tenant_blocks: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -40,14 +43,19 @@ class ClassQueue:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._by_id
 
+    def get(self, request_id: str) -> QueueEntry | None:
+        return self._by_id.get(request_id)
+
     def push(self, entry: QueueEntry) -> None:
         tenant = entry.ask.tenant
         if tenant not in self._by_tenant:
             self.counters.lift(tenant, self._by_tenant.keys())
             self._by_tenant[tenant] = deque()
+            self._tenant_blocks[tenant] = 0
         self._by_tenant[tenant].append(entry)
         self._by_id[entry.ask.request_id] = entry
         self.kv_blocks += entry.kv_blocks
+        self._tenant_blocks[tenant] += entry.kv_blocks
 
     def next_entry(self, may_go: Callable[[QueueEntry], bool]) -> QueueEntry | None:
         """The oldest entry that `may_go` of the smallest-counter tenant
@@ -65,10 +73,13 @@ class ClassQueue:
         entry = self._by_id.pop(request_id, None)
         if entry is None:
             return None
-        line = self._by_tenant[entry.ask.tenant]
+        tenant = entry.ask.tenant
+        line = self._by_tenant[tenant]
         line.remove(entry)
+        self._tenant_blocks[tenant] -= entry.kv_blocks
         if not line:
-            del self._by_tenant[entry.ask.tenant]
+            del self._by_tenant[tenant]
+            del self._tenant_blocks[tenant]
         self.kv_blocks -= entry.kv_blocks
         return entry
 
@@ -80,4 +91,9 @@ class ClassQueue:
 
     def tenant_work(self) -> dict[str, tuple[int, int]]:
         """Per tenant: (queued entries, queued KV blocks)."""
-        return {t: (len(line), sum(e.kv_blocks for e in line)) for t, line in self._by_tenant.items()}
+        return {t: self.tenant_queued(t) for t in self._by_tenant}
+
+    def tenant_queued(self, tenant: str) -> tuple[int, int]:
+        """(queued entries, queued KV blocks) of one tenant."""
+        line = self._by_tenant.get(tenant)
+        return (len(line), self._tenant_blocks[tenant]) if line else (0, 0)

@@ -399,20 +399,21 @@ class ClusterScheduler:
             queue = self._queues[(version, service_class)] = ClassQueue(counters)
         return queue
 
-    def _queued_entry(self, request_id: str) -> QueueEntry | None:
+    def _queued_entry(self, request_id: str) -> tuple[ClassQueue, QueueEntry] | None:
         for queue in self._queues.values():
-            if request_id in queue:
-                return next(e for e in queue.entries() if e.ask.request_id == request_id)
+            entry = queue.get(request_id)
+            if entry is not None:
+                return queue, entry
         return None
 
     def _dequeue(self, request_id: str, owner: str | None) -> QueueEntry | None:
-        for queue in self._queues.values():
-            if request_id in queue:
-                entry = next(e for e in queue.entries() if e.ask.request_id == request_id)
-                if owner is not None and entry.ask.owner != owner:
-                    return None
-                return queue.remove(request_id)
-        return None
+        found = self._queued_entry(request_id)
+        if found is None:
+            return None
+        queue, entry = found
+        if owner is not None and entry.ask.owner != owner:
+            return None
+        return queue.remove(request_id)
 
     def _tenant_holding(
         self, version: str, tenant: str, service_class: ServiceClass | None = None
@@ -422,7 +423,7 @@ class ClusterScheduler:
         for queued_class in ServiceClass if service_class is None else (service_class,):
             queue = self._queues.get((version, queued_class))
             if queue:
-                queued_seqs, queued_blocks = queue.tenant_work().get(tenant, (0, 0))
+                queued_seqs, queued_blocks = queue.tenant_queued(tenant)
                 seqs += queued_seqs
                 blocks += queued_blocks
         return TenantHolding(active_seqs=seqs, kv_blocks=blocks)

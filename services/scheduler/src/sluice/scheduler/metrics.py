@@ -40,6 +40,7 @@ class SchedulerMetrics:
     tenants: TenantLabels = field(default_factory=TenantLabels)
     _served_published: dict = field(default_factory=lambda: defaultdict(float))
     _prefix_published: list = field(default_factory=lambda: [0, 0])
+    _tenant_labels_set: dict = field(default_factory=lambda: defaultdict(set))  # model -> labels given a value
 
     @classmethod
     def create(cls) -> "SchedulerMetrics":
@@ -106,16 +107,11 @@ class SchedulerMetrics:
             for label, (seqs, share) in shares.items():
                 self.tenant_active_sequences.labels(version, label).set(seqs)
                 self.tenant_reserved_kv_share.labels(version, label).set(share)
-            for label in self._known_tenant_labels(version) - shares.keys():
+            for label in self._tenant_labels_set[version] - shares.keys():
                 self.tenant_active_sequences.labels(version, label).set(0)
                 self.tenant_reserved_kv_share.labels(version, label).set(0)
+            self._tenant_labels_set[version].update(shares)
         stats = core.prefix_stats
         self.prefix_hit_blocks_total.inc(stats.hit_blocks - self._prefix_published[0])
         self.prefix_queried_blocks_total.inc(stats.queried_blocks - self._prefix_published[1])
         self._prefix_published = [stats.hit_blocks, stats.queried_blocks]
-
-    def _known_tenant_labels(self, version: str) -> set[str]:
-        return {
-            labels[1] for labels in self.tenant_active_sequences._metrics  # noqa: SLF001 (prometheus_client keeps no public list)
-            if labels[0] == version
-        }

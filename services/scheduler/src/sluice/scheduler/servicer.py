@@ -48,7 +48,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._stream_ids = itertools.count(1)
         self._kicked = False
         self._published_at_s = 0.0
-        self._classes: dict[str, ServiceClass] = {}  # request id -> class, for metric labels
+        # request id -> (model version, class) of what is queued, for metric labels
+        self._labels: dict[str, tuple[str, ServiceClass]] = {}
 
     # -- replica state (from the watcher) ------------------------------------
 
@@ -90,13 +91,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     def _deliver(self, decision: Dispatched | Refused) -> None:
         outbox = self._outboxes.get(decision.owner)
-        service_class = self._classes.pop(decision.request_id, ServiceClass.INTERACTIVE)
+        model, service_class = self._labels.pop(decision.request_id, ("", ServiceClass.INTERACTIVE))
         if isinstance(decision, Refused):
             self._count_refusal(decision, service_class)
             placement = _reject(decision)
         else:
-            view = next((v for v in self._core.replicas() if v.replica_id == decision.replica_id), None)
-            model = view.model_version if view else ""
             self._metrics.placements_total.labels(decision.replica_id).inc()
             self._metrics.queue_time_seconds.labels(model, CLASS_NAMES[service_class]).observe(decision.queued_s)
             placement = self._dispatch(decision)
@@ -157,7 +156,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 elif kind == "started":
                     self._core.started(message.started.request_id, now_s)
                 elif kind == "release":
-                    self._classes.pop(message.release.request_id, None)
+                    self._labels.pop(message.release.request_id, None)
                     self._core.release(message.release.request_id, message.release.output_tokens, now_s, owner)
                 self.kick()
         except grpc.aio.AioRpcError as error:
@@ -189,7 +188,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         outcome = self._core.enqueue(ask, now_s)
         labels = (enqueue.model_version, CLASS_NAMES[service_class])
         if isinstance(outcome, Queued):
-            self._classes[enqueue.request_id] = service_class
+            self._labels[enqueue.request_id] = (enqueue.model_version, service_class)
             self._metrics.admissions_total.labels(*labels).inc()
             self._metrics.predicted_start_seconds.labels(*labels).observe(outcome.predicted_start_s)
             return
