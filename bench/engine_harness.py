@@ -45,8 +45,10 @@ def build(model_dir: Path, *, num_blocks: int = 4096, block_size: int = 16, budg
     caches = allocate_kv_caches(model.config, num_blocks, block_size, torch.float32, cpu,
                                 layout=preferred_kv_layout(cpu))
     core = IterationScheduler(
+        # No per-sequence chunk cap: these benchmarks measure what the step
+        # budget alone does (the chunked-prefill one compares budgets).
         SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                        max_model_len_tokens=model.config.max_position_embeddings),
+                        max_model_len_tokens=model.config.max_position_embeddings, long_prefill_chunk_tokens=0),
         BlockManager(num_blocks, block_size),
     )
     return core, StepExecutor(ModelRunner(model, caches))
