@@ -524,8 +524,8 @@ def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], mon
     assert rendered.schedule_interval_s == code.schedule_interval_s
 
     router_env = env_of(containers(the_deployment(default_objects, "router"))[0])
-    assert int(router_env["SLUICE_KV_BLOCK_SIZE_TOKENS"]["value"]) == RouterSettings.model_fields[
-        "kv_block_size_tokens"].default
+    for name in ("kv_block_size_tokens", "tokenize_per_tenant"):
+        assert int(router_env[f"SLUICE_{name.upper()}"]["value"]) == RouterSettings.model_fields[name].default
     for deployment in deployments(default_objects, "replica"):
         env = env_of(containers(deployment)[0])
         assert float(env["SLUICE_INTERACTIVE_PREEMPT_AFTER_S"]["value"]) == ReplicaSettings.model_fields[

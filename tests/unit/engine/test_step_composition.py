@@ -94,3 +94,27 @@ def test_a_prompt_alone_takes_the_whole_budget(make_request):
     scheduler = make(budget=64, chunk_cap=8)
     scheduler.add(make_request("long", max_output=2, prompt=own(1000, 100)), now_s=0.0)
     assert step(scheduler, 0.0) == {"long": 64}
+
+
+def test_a_long_prompts_tail_takes_the_long_slot_too(make_request):
+    # long-1's last 4 tokens are under the cap, but they are still part of a
+    # long prefill: long-2's first chunk waits a step instead of doubling it.
+    scheduler = make(budget=64, chunk_cap=8)
+    scheduler.add(make_request("long-1", max_output=2, tenant="a", prompt=own(1000, 12)), now_s=0.0)
+    scheduler.add(make_request("long-2", max_output=2, tenant="a", prompt=own(2000, 40)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"long-1": 8}
+    assert step(scheduler, 1.0) == {"long-1": 4}
+    assert step(scheduler, 2.0) == {"long-1": 1, "long-2": 8}
+
+
+def test_a_quiet_tenants_first_token_step_carries_no_long_chunk_but_never_two_running(make_request):
+    scheduler = make(budget=64, chunk_cap=8)
+    scheduler.add(make_request("a-long", max_output=2, tenant="a", prompt=own(1000, 60)), now_s=0.0)
+    scheduler.add(make_request("a-chat", max_output=20, tenant="a", prompt=own(5000, 4)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"a-long": 8, "a-chat": 4}
+    scheduler.add(make_request("b-1", max_output=20, tenant="b", prompt=own(2000, 6)), now_s=0.5)
+    assert step(scheduler, 1.0) == {"a-chat": 1, "b-1": 6}  # b's first token waits for no long chunk
+    scheduler.add(make_request("c-1", max_output=20, tenant="c", prompt=own(3000, 6)), now_s=1.5)
+    # c is admitted too, but a-long was left out last step: it goes now.
+    assert step(scheduler, 2.0) == {"a-chat": 1, "b-1": 1, "c-1": 6, "a-long": 8}
+

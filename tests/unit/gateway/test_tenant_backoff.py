@@ -1,7 +1,7 @@
 """The gateway's memory of a tenant-cap refusal: refuses that tenant's
 next requests at once with the rest of the Retry-After, for that model
 only, never longer than MAX_BACKOFF_S, and forgets when one of the tenant's
-requests ends."""
+requests ends it lets one more through."""
 
 from sluice.gateway.tenant_backoff import MAX_BACKOFF_S, TenantBackoff
 from sluice.outcomes import Reason
@@ -51,11 +51,37 @@ def test_a_long_retry_after_is_trusted_for_at_most_the_cap():
     assert backoff.check("acme", "tiny", "interactive") is None
 
 
-def test_a_request_of_the_tenant_ending_forgets_its_refusals():
+def test_each_ending_request_of_the_tenant_lets_one_more_through():
     backoff = TenantBackoff(Clock())
     backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE))
     backoff.remember("acme", "m2", "interactive", refusal(Reason.TENANT_CONCURRENCY))
     backoff.remember("other", "tiny", "interactive", refusal(Reason.TENANT_CONCURRENCY))
-    backoff.forget("acme")
-    assert backoff.check("acme", "tiny", "interactive") is None and backoff.check("acme", "m2", "interactive") is None
+    backoff.freed("acme")
+    backoff.freed("acme")
+    for _ in range(2):  # two ended: two go to the scheduler, per model remembered
+        assert backoff.check("acme", "tiny", "interactive") is None
+        assert backoff.check("acme", "m2", "interactive") is None
+    # The herd behind them is still refused here, as is the other tenant.
+    assert backoff.check("acme", "tiny", "interactive").code == "tenant_kv_share"
     assert backoff.check("other", "tiny", "interactive") is not None
+
+
+def test_a_pass_that_is_refused_again_is_remembered_afresh():
+    clock = Clock()
+    backoff = TenantBackoff(clock)
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE, retry_after_s=1.0))
+    backoff.freed("acme")
+    assert backoff.check("acme", "tiny", "interactive") is None
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE, retry_after_s=4.0))
+    clock.now_s += 2.0  # past the first Retry-After, inside the second
+    assert abs(backoff.check("acme", "tiny", "interactive").retry_after_s - 2.0) < 1e-9
+
+
+def test_a_pass_refused_for_another_reason_comes_back():
+    backoff = TenantBackoff(Clock())
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE))
+    backoff.freed("acme")
+    assert backoff.check("acme", "tiny", "interactive") is None
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.REQUEST_TOO_LARGE, retry_after_s=None))
+    assert backoff.check("acme", "tiny", "interactive") is None  # the room it stood for is still there
+    assert backoff.check("acme", "tiny", "interactive") is not None

@@ -22,6 +22,14 @@ its length under a per-step token budget:
      preempts: batch never displaces anyone, interactive never displaces
      interactive.
 
+While others are resident, a long prompt (more than
+`long_prefill_chunk_tokens` left to compute at admission) prefills one
+capped chunk per step, its tail included, and at most
+`max_long_prefills_per_step` of them share a step. A step that admits a
+quiet tenant's short interactive prompt carries no long chunk (never two
+steps running): its first token waits for the decodes, not for another
+tenant's prompt.
+
 `schedule(now_s)` returns a frozen `StepPlan`; `update(plan, sampled)`
 applies the runner's sampled tokens, registers newly computed full blocks in
 the prefix cache, and returns per-request outputs.
@@ -63,7 +71,7 @@ class SchedulerConfig:
     # prompt wait for whole max_num_batched_tokens steps (inter-token
     # latency and TTFT spikes). A prompt alone on the replica still takes
     # the whole budget. 0 = no cap.
-    long_prefill_chunk_tokens: int = 512
+    long_prefill_chunk_tokens: int = 256
     max_long_prefills_per_step: int = 1
     # While interactive sequences are resident or waiting, batch prefill
     # takes at most this many tokens of a step: the step (and so every
@@ -91,17 +99,19 @@ class _StepBuilder:
     preempted_ids: list[str] = field(default_factory=list)
     chunk_cap_tokens: int = 0  # 0 = a prefill may take the whole budget
     long_slots: int = 0        # chunks left this step for prefills longer than the cap
+    first_chunks: int = 0      # interactive short prompts admitted this step
 
-    def take(self, uncomputed_tokens: int) -> int:
-        """Tokens of a prefill to schedule now; 0 = none this step."""
+    def take(self, uncomputed_tokens: int, long: bool) -> int:
+        """Tokens of a prefill to schedule now; 0 = none this step. `long`:
+        a prefill that counts against the step's long-prefill slots."""
         take = min(uncomputed_tokens, self.budget_tokens)
-        if self.chunk_cap_tokens and uncomputed_tokens > self.chunk_cap_tokens:
+        if self.chunk_cap_tokens and long:
             return min(take, self.chunk_cap_tokens) if self.long_slots else 0
         return take
 
-    def claim(self, uncomputed_tokens: int) -> None:
-        """A chunk of a prefill with `uncomputed_tokens` left was scheduled."""
-        if self.chunk_cap_tokens and uncomputed_tokens > self.chunk_cap_tokens:
+    def claim(self, long: bool) -> None:
+        """A chunk of a prefill was scheduled."""
+        if self.chunk_cap_tokens and long:
             self.long_slots -= 1
 
     def add(self, chunk: ScheduledChunk) -> None:
@@ -128,6 +138,8 @@ class IterationScheduler:
         self._running: list[Sequence] = []  # in admission order
         self._arrivals = itertools.count()
         self.num_preemptions_total = 0
+        # The previous step left out long prefill chunks for first tokens.
+        self._deferred_long_prefill = False
 
     # -- requests in and out -------------------------------------------------
 
@@ -178,6 +190,7 @@ class IterationScheduler:
         if len(self._running) + len(self._waiting) > 1:  # someone else would wait for a long chunk
             step.chunk_cap_tokens = self.config.long_prefill_chunk_tokens
             step.long_slots = self.config.max_long_prefills_per_step
+        deferred = False
         interactive_here = self._waiting.has_class(ServiceClass.INTERACTIVE) or any(
             s.request.service_class is ServiceClass.INTERACTIVE for s in self._running)
         admitting = True
@@ -197,6 +210,12 @@ class IterationScheduler:
             busy_keys = frozenset(s.request.fairness_key for s in prefilling)
             if admitting and busy_keys:
                 admitting = self._admit(service_class, step, now_s, skip_keys=busy_keys)
+                if step.first_chunks and not self._deferred_long_prefill:
+                    # Their first token comes out of this step: it carries
+                    # no long chunk, so its length is theirs and the decodes'.
+                    # Never two steps running, so long prompts still advance.
+                    step.long_slots = 0
+                    deferred = True
             for sequence in prefilling:
                 if step.budget_tokens == 0:
                     break
@@ -205,6 +224,7 @@ class IterationScheduler:
             if admitting:
                 admitting = self._admit(service_class, step, now_s)
 
+        self._deferred_long_prefill = deferred
         return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
 
     def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> list[RequestOutput]:
@@ -237,12 +257,13 @@ class IterationScheduler:
         """Schedule the next chunk of a running sequence, preempting the least
         important running sequence until its blocks fit (or it is that one)."""
         while True:
-            take = step.take(sequence.num_uncomputed_tokens)
+            long = sequence.long_prefill and sequence.num_uncomputed_tokens > 1  # > 1: not a decode
+            take = step.take(sequence.num_uncomputed_tokens, long)
             if take == 0:
                 return  # a long prefill past this step's quota: next step
             kv = self.blocks.allocate(sequence.request_id, sequence.num_computed_tokens + take)
             if kv is not None:
-                step.claim(sequence.num_uncomputed_tokens)
+                step.claim(long)
                 step.add(self._chunk(sequence, take, kv))
                 return
             victim = max(self._running, key=_rank)
@@ -266,7 +287,9 @@ class IterationScheduler:
                 return False  # it just lost its blocks to make room this step
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
             uncomputed = sequence.num_tokens - prefix.num_tokens
-            take = step.take(uncomputed)
+            cap = self.config.long_prefill_chunk_tokens
+            long = bool(cap) and uncomputed > cap
+            take = step.take(uncomputed, long)
             if take == 0:
                 return False  # a long prompt, and this step's long chunks are taken: it keeps its place
             num_tokens = prefix.num_tokens + take
@@ -280,10 +303,13 @@ class IterationScheduler:
             self._waiting.pop(sequence)
             sequence.status = SequenceStatus.RUNNING
             sequence.num_computed_tokens = prefix.num_tokens
+            sequence.long_prefill = long
             if sequence.num_preemptions == 0:
                 sequence.num_cached_tokens = prefix.num_tokens
             self._running.append(sequence)
-            step.claim(uncomputed)
+            step.claim(long)
+            if not long and service_class is ServiceClass.INTERACTIVE:
+                step.first_chunks += 1
             step.add(self._chunk(sequence, take, kv))
         return True
 

@@ -39,6 +39,11 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    # Admitted with more than the long-prefill chunk cap left to compute:
+    # every chunk of this prefill, the short tail included, takes one of a
+    # step's long-prefill slots (else a tail beside the next prompt's first
+    # chunk doubles the step).
+    long_prefill: bool = False
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)

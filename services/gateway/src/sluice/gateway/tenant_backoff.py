@@ -4,11 +4,17 @@ to hear the same answer.
 
     scheduler: tenant_kv_share, Retry-After 3.2 s  ─▶ remember (tenant, model, tier) until then
     next request of that tenant, model and tier    ─▶ 429 at once, the remaining Retry-After
-    one of the tenant's requests ends here         ─▶ forget: it freed what the cap counts
+    one of the tenant's requests ends here         ─▶ one pass: the next request goes to the
+                                                      scheduler (the room one request freed)
+    the scheduler refuses that one too             ─▶ remember afresh, no passes
+    ... or refuses it for another reason (413)     ─▶ the pass comes back: the room is unused
 
 A flood far over its caps then costs a dictionary lookup per request, not a
 trip through the router and scheduler, so it cannot take the CPU the other
-tenants' streams need. The memory is per gateway process and only ever
+tenants' streams need. One ending request lets one through, not all: a
+flood of 64 callers would otherwise send its whole herd to the router and
+scheduler each time one of its streams ends (measured: ~20 refusals there
+per finish, arriving together, ahead of other tenants' requests). The memory is per gateway process and only ever
 shortens what the scheduler said; a request that would have fitted (a
 smaller one) may wait out the rest of the Retry-After. The caps count each
 class apart, so a batch (flex) refusal never holds back interactive calls.
@@ -29,11 +35,12 @@ MAX_BACKOFF_S = 5.0
 MAX_ENTRIES = 10_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Backoff:
     reason: Reason
     message: str
     until_s: float
+    passes: int = 0  # requests to let through to the scheduler: one per ending request
 
 
 class TenantBackoff:
@@ -42,13 +49,20 @@ class TenantBackoff:
         self._entries: dict[tuple[str, str, str], _Backoff] = {}
 
     def remember(self, tenant: str, model: str, tier: str, error: ServiceError) -> None:
+        """The scheduler (or a hop before it) refused one of the tenant's
+        requests: a tenant cap is remembered afresh; any other refusal did
+        not use the room a pass stood for, so the pass comes back."""
         info = error.info
+        key = (tenant, model, tier)
         if info.reason not in TENANT_CAP_REASONS or not info.retry_after_s:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.passes += 1  # at worst one extra trip to the scheduler
             return
         if len(self._entries) >= MAX_ENTRIES:
             self._entries.clear()  # bounded; losing memories only costs a trip to the scheduler
         until_s = self._clock() + min(info.retry_after_s, MAX_BACKOFF_S)
-        self._entries[(tenant, model, tier)] = _Backoff(Reason(info.reason), info.message, until_s)
+        self._entries[key] = _Backoff(Reason(info.reason), info.message, until_s)
 
     def check(self, tenant: str, model: str, tier: str) -> ApiError | None:
         entry = self._entries.get((tenant, model, tier))
@@ -58,8 +72,14 @@ class TenantBackoff:
         if remaining_s <= 0:
             del self._entries[(tenant, model, tier)]
             return None
+        if entry.passes:
+            entry.passes -= 1
+            return None
         return ApiError.of(entry.reason, entry.message, retry_after_s=remaining_s)
 
-    def forget(self, tenant: str) -> None:
-        for key in [key for key in self._entries if key[0] == tenant]:
-            del self._entries[key]
+    def freed(self, tenant: str) -> None:
+        """One of the tenant's requests ended: the next of its requests (per
+        model and tier remembered) may ask the scheduler again."""
+        for key, entry in self._entries.items():
+            if key[0] == tenant:
+                entry.passes += 1

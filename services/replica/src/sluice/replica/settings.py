@@ -31,7 +31,7 @@ class ReplicaSettings(SluiceSettings):
         0.25, ge=0, description="an interactive request waiting this long for KV or a slot preempts batch; none = off"
     )
     long_prefill_chunk_tokens: int = Field(
-        512, ge=0, description="one sequence's prefill chunk while others are resident (ITL/TTFT bound); 0 = no cap"
+        256, ge=0, description="one sequence's prefill chunk while others are resident (ITL/TTFT bound); 0 = no cap"
     )
     max_long_prefills_per_step: int = Field(1, ge=1, description="prefills longer than the chunk cap per step")
     batch_prefill_tokens_beside_interactive: int = Field(

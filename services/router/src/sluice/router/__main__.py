@@ -18,6 +18,7 @@ from sluice.router.relay import Relay
 from sluice.router.replica_channels import ReplicaChannels
 from sluice.router.servicer import RouterServicer
 from sluice.router.settings import RouterSettings
+from sluice.router.tenant_gate import TenantGate
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
@@ -47,7 +48,8 @@ async def serve(settings: RouterSettings) -> None:
         common_pb2.SERVICE_CLASS_BATCH: settings.batch_max_prompt_tokens,
     }
     relay = Relay(
-        models, placement, replicas, metrics, settings.placement_timeout_s, caps, settings.kv_block_size_tokens
+        models, placement, replicas, metrics, settings.placement_timeout_s, caps, settings.kv_block_size_tokens,
+        TenantGate(settings.tokenize_per_tenant),
     )
     servicer = RouterServicer(relay, models)
     server = HealthServer(

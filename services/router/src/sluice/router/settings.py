@@ -20,3 +20,6 @@ class RouterSettings(SluiceSettings):
     kv_block_size_tokens: int = Field(
         16, ge=1, description="block size the prompt's prefix hashes are computed at (the replicas' block size)"
     )
+    tokenize_per_tenant: int = Field(
+        2, ge=1, description="one tenant's prompts tokenized at once (the rest wait their turn, not the others')"
+    )

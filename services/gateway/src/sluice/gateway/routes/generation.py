@@ -303,7 +303,7 @@ def _tier(body: ChatCompletionRequest | CompletionRequest) -> str:
 def _finish(state: GatewayState, ticket: Ticket, outcome: Outcome | None) -> Awaitable[None]:
     """The front door's accounting for a request that reached a replica; it
     ended, so what the scheduler's tenant caps count has changed."""
-    state.backoff.forget(ticket.tenant.name)
+    state.backoff.freed(ticket.tenant.name)
     return state.front_door.finish(ticket, outcome)
 
 
