@@ -118,3 +118,15 @@ def test_a_quiet_tenants_first_token_step_carries_no_long_chunk_but_never_two_ru
     # c is admitted too, but a-long was left out last step: it goes now.
     assert step(scheduler, 2.0) == {"a-chat": 1, "b-1": 1, "c-1": 6, "a-long": 8}
 
+
+
+def test_a_first_token_step_carries_no_long_batch_chunk_either(make_request):
+    scheduler = make(budget=64, chunk_cap=8, batch_cap=16)
+    scheduler.add(make_request("job", max_output=2, prompt=own(1000, 60), service_class=ServiceClass.BATCH),
+                  now_s=0.0)
+    scheduler.add(make_request("chat-0", max_output=20, prompt=own(5000, 4)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"chat-0": 4}  # chat-0's first token: the job starts next step
+    assert step(scheduler, 1.0) == {"chat-0": 1, "job": 8}
+    scheduler.add(make_request("chat-1", max_output=20, prompt=own(2000, 6)), now_s=1.5)
+    assert step(scheduler, 2.0) == {"chat-0": 1, "chat-1": 6}  # same tenant, other class: still first
+    assert step(scheduler, 3.0) == {"chat-0": 1, "chat-1": 1, "job": 8}

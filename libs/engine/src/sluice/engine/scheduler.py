@@ -210,12 +210,7 @@ class IterationScheduler:
             busy_keys = frozenset(s.request.fairness_key for s in prefilling)
             if admitting and busy_keys:
                 admitting = self._admit(service_class, step, now_s, skip_keys=busy_keys)
-                if step.first_chunks and not self._deferred_long_prefill:
-                    # Their first token comes out of this step: it carries
-                    # no long chunk, so its length is theirs and the decodes'.
-                    # Never two steps running, so long prompts still advance.
-                    step.long_slots = 0
-                    deferred = True
+            deferred = deferred or self._defer_long_prefills(step)
             for sequence in prefilling:
                 if step.budget_tokens == 0:
                     break
@@ -252,6 +247,18 @@ class IterationScheduler:
         return outputs
 
     # -- internals -----------------------------------------------------------
+
+    def _defer_long_prefills(self, step: _StepBuilder) -> bool:
+        """Short interactive prompts admitted so far get their first token
+        from this step: it then carries no long chunk (of either class), so
+        its length is theirs and the decodes'. Never two steps running, so
+        long prompts still advance. True if this step defers them."""
+        if not step.first_chunks or self._deferred_long_prefill or not step.long_slots:
+            return False
+        step.long_slots = 0
+        # Deferred only if a long prefill part-way through is held back.
+        return any(s.long_prefill and s.num_uncomputed_tokens > 1 and s.request_id not in step.chunks
+                   for s in self._running)
 
     def _schedule_running(self, sequence: Sequence, step: _StepBuilder) -> None:
         """Schedule the next chunk of a running sequence, preempting the least
