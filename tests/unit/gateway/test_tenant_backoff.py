@@ -85,3 +85,15 @@ def test_a_pass_refused_for_another_reason_comes_back():
     backoff.remember("acme", "tiny", "interactive", refusal(Reason.REQUEST_TOO_LARGE, retry_after_s=None))
     assert backoff.check("acme", "tiny", "interactive") is None  # the room it stood for is still there
     assert backoff.check("acme", "tiny", "interactive") is not None
+
+
+def test_refusals_from_memory_are_spread_by_how_often_the_tenants_requests_end():
+    clock = Clock()
+    backoff = TenantBackoff(clock)
+    for _ in range(3):  # its requests have been ending every 0.5 s
+        backoff.freed("acme")
+        clock.now_s += 0.5
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE, retry_after_s=1.0))
+    waits = [backoff.check("acme", "tiny", "interactive").retry_after_s for _ in range(3)]
+    assert [round(w, 9) for w in waits] == [1.0, 1.5, 2.0]
+    assert backoff.check("other", "tiny", "interactive") is None

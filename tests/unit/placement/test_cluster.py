@@ -250,6 +250,22 @@ def test_tenant_kv_share_of_the_pool():
     assert scheduler.enqueue(make_ask("a5", tenant="new-key"), 0.0).reason is Reason.TENANT_KV_SHARE
 
 
+def test_refusals_at_a_tenant_cap_are_told_to_return_one_per_expected_finish():
+    tenants = TenantLimitsTable(default=TenantLimits(max_active_seqs=4, max_kv_share=1.0))
+    scheduler = make_scheduler(tenants=tenants)
+    enqueue_all(scheduler, [make_ask(f"a{i}") for i in range(4)])
+    scheduler.schedule(0.0)
+    waits = [scheduler.enqueue(make_ask(f"x{i}"), 0.0).retry_after_s for i in range(4)]
+    assert waits[0] > 0
+    gaps = [later - earlier for earlier, later in zip(waits, waits[1:])]
+    # Four running: the k-th caller is sent back about a quarter of a
+    # service time after the one before it, not all at the first finish.
+    assert all(gap > 0 for gap in gaps) and max(gaps) - min(gaps) < 1e-9
+    # Another tenant's herd has slots of its own.
+    other = scheduler.enqueue(make_ask("y0", tenant="other"), 0.0)
+    assert isinstance(other, Queued)
+
+
 def test_tenant_caps_count_each_class_apart():
     """A tenant's batch flood (preemptible) does not use up its interactive share."""
     tenants = TenantLimitsTable(default=TenantLimits(max_active_seqs=5, max_kv_share=0.25))

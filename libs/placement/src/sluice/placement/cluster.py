@@ -43,6 +43,8 @@ from sluice.placement.vtc import VirtualTokenCounters
 # still on its way to the replica): counted against its reported free blocks.
 REPORT_TRANSIT_S = 0.1
 NO_REPLICA_RETRY_S = 1.0
+# Tenants with a spread of retry slots remembered; past it, spent ones are dropped.
+MAX_TENANT_RETRY_SLOTS = 10_000
 
 
 @dataclass(slots=True)
@@ -63,6 +65,9 @@ class ClusterScheduler:
         self._queues: dict[tuple[str, ServiceClass], ClassQueue] = {}
         self._service: dict[str, ServiceTimeEstimate] = defaultdict(ServiceTimeEstimate)
         self._retry_slots: dict[tuple[str, ServiceClass], RetrySlots] = defaultdict(RetrySlots)
+        # (version, tenant, class): a tenant at its cap told to come back
+        # one at a time, as its own requests finish.
+        self._tenant_retry_slots: dict[tuple[str, str, ServiceClass], RetrySlots] = {}
         self._recent_grants: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self._last_granted_s: dict[str, float] = {}
 
@@ -362,17 +367,35 @@ class ClusterScheduler:
         return self._retry_slots[(version, service_class)].retry_after_s(now_s, fits_at_s, drain_s)
 
     def _tenant_retry_after_s(self, ask: Ask, now_s: float) -> float:
-        """When the tenant's own running work is expected to free a place."""
+        """When the tenant's own running work of this class is expected to
+        free a place for this request. Refusals in a row are spread, one
+        per expected finish (the tenant's n running requests of mean
+        duration S free one every S / n): a herd of the tenant's callers
+        all told "at the next finish" would come back together, one get
+        in, and the rest be refused again."""
         estimate = self._service[ask.model_version]
         finishes = [
             (r.started_at_s if r.started_at_s is not None else r.granted_at_s + estimate.time_to_first_token_s())
             + r.output_tokens * estimate.per_output_token_s()
             for r in self.ledger.reservations()
             if r.model_version == ask.model_version and r.tenant == ask.tenant
+            and r.service_class is ask.service_class
         ]
+        service_s = estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive)
         if not finishes:  # all of it is queued: it frees a place once one starts and finishes
-            return estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive)
-        return max(min(finishes) - now_s, estimate.per_output_token_s())
+            fits_at_s, spacing_s = now_s + service_s, service_s
+        else:
+            fits_at_s = max(min(finishes), now_s + estimate.per_output_token_s())
+            spacing_s = service_s / len(finishes)
+        key = (ask.model_version, ask.tenant, ask.service_class)
+        slots = self._tenant_retry_slots.get(key)
+        if slots is None:
+            if len(self._tenant_retry_slots) >= MAX_TENANT_RETRY_SLOTS:
+                self._tenant_retry_slots = {
+                    k: v for k, v in self._tenant_retry_slots.items() if v.next_slot_s > now_s
+                }
+            slots = self._tenant_retry_slots[key] = RetrySlots()
+        return slots.retry_after_s(now_s, fits_at_s, spacing_s)
 
     # -- views for metrics ---------------------------------------------------
 

@@ -18,6 +18,12 @@ per finish, arriving together, ahead of other tenants' requests). The memory is 
 shortens what the scheduler said; a request that would have fitted (a
 smaller one) may wait out the rest of the Retry-After. The caps count each
 class apart, so a batch (flex) refusal never holds back interactive calls.
+
+Refusals from memory are spread as the scheduler spreads its own: the
+first is told the remembered Retry-After, each next one a slot later by
+the interval at which the tenant's requests have been ending here (a
+smoothed average). Callers that honour Retry-After then come back about
+one per freed place instead of together.
 """
 
 import time
@@ -33,6 +39,8 @@ TENANT_CAP_REASONS = frozenset({Reason.TENANT_CONCURRENCY, Reason.TENANT_KV_SHAR
 # requests may end on other gateways, which this one does not see.
 MAX_BACKOFF_S = 5.0
 MAX_ENTRIES = 10_000
+# Smoothing of the interval between a tenant's request ends (~the last 5).
+END_INTERVAL_WEIGHT = 0.2
 
 
 @dataclass(slots=True)
@@ -41,12 +49,15 @@ class _Backoff:
     message: str
     until_s: float
     passes: int = 0  # requests to let through to the scheduler: one per ending request
+    next_slot_s: float = 0.0  # when the next caller refused from memory is told to return
 
 
 class TenantBackoff:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._entries: dict[tuple[str, str, str], _Backoff] = {}
+        # tenant -> (when its last request ended here, smoothed interval between ends)
+        self._ends: dict[str, tuple[float, float | None]] = {}
 
     def remember(self, tenant: str, model: str, tier: str, error: ServiceError) -> None:
         """The scheduler (or a hop before it) refused one of the tenant's
@@ -62,24 +73,34 @@ class TenantBackoff:
         if len(self._entries) >= MAX_ENTRIES:
             self._entries.clear()  # bounded; losing memories only costs a trip to the scheduler
         until_s = self._clock() + min(info.retry_after_s, MAX_BACKOFF_S)
-        self._entries[key] = _Backoff(Reason(info.reason), info.message, until_s)
+        self._entries[key] = _Backoff(Reason(info.reason), info.message, until_s, next_slot_s=until_s)
 
     def check(self, tenant: str, model: str, tier: str) -> ApiError | None:
         entry = self._entries.get((tenant, model, tier))
         if entry is None:
             return None
-        remaining_s = entry.until_s - self._clock()
-        if remaining_s <= 0:
+        now_s = self._clock()
+        if entry.until_s <= now_s:
             del self._entries[(tenant, model, tier)]
             return None
         if entry.passes:
             entry.passes -= 1
             return None
-        return ApiError.of(entry.reason, entry.message, retry_after_s=remaining_s)
+        at_s = max(entry.next_slot_s, entry.until_s)
+        entry.next_slot_s = at_s + (self._ends.get(tenant, (0.0, None))[1] or 0.0)
+        return ApiError.of(entry.reason, entry.message, retry_after_s=at_s - now_s)
 
     def freed(self, tenant: str) -> None:
         """One of the tenant's requests ended: the next of its requests (per
         model and tier remembered) may ask the scheduler again."""
+        now_s = self._clock()
+        last_s, interval_s = self._ends.get(tenant, (None, None))
+        if last_s is not None:
+            sample_s = now_s - last_s
+            interval_s = sample_s if interval_s is None else interval_s + END_INTERVAL_WEIGHT * (sample_s - interval_s)
+        if len(self._ends) >= MAX_ENTRIES and tenant not in self._ends:
+            self._ends.clear()
+        self._ends[tenant] = (now_s, interval_s)
         for key, entry in self._entries.items():
             if key[0] == tenant:
                 entry.passes += 1
