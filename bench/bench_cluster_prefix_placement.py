@@ -64,7 +64,8 @@ async def arm(prefix_aware: bool, duration_s: float, systems: list[str], questio
     rng = random.Random(7)  # the same request sequence in both arms
     with cluster(env, num_replicas=2, label="prefix") as c:
         keys = {f"tenant-{t}": c.create_key(f"tenant-{t}", wait=False) for t in range(NUM_TENANTS)}
-        c.wait_for_key(keys[next(iter(keys))])
+        for key in keys.values():  # the gateway loads keys in batches: every one, not just the first
+            c.wait_for_key(key)
         await warm_up(c, PromptMaker(seed=3))
         before_replica, before_placement = replica_cache(c, 2), placement_cache(c)
         records: list[RequestRecord] = []

@@ -162,8 +162,14 @@ class PromptMaker:
 
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._random = random.Random(seed)
-        vocab = [t for t in self._tokenizer.get_vocab() if t.startswith("\u2581") and t[1:].isalpha()]
-        self._words = sorted(t[1:] for t in vocab if 3 <= len(t) <= 8)[:4000] or ["token"]
+        # Whole words: a token that starts with the tokenizer's space marker
+        # (sentencepiece's "\u2581", byte-level BPE's "\u0120"). Without
+        # any, every prompt would be one word repeated, and prompts meant to
+        # differ (the prefix-placement bench's system prompts) identical.
+        vocab = [t[1:] for t in self._tokenizer.get_vocab() if t[:1] in ("\u2581", "\u0120") and t[1:].isalpha()]
+        self._words = sorted(w for w in vocab if 2 <= len(w) <= 7)[:4000]
+        if len(self._words) < 100:
+            raise RuntimeError(f"{model_dir}: too few whole-word tokens to make distinct prompts")
 
     def text(self, tokens: int) -> str:
         words = " ".join(self._random.choice(self._words) for _ in range(tokens))
