@@ -119,8 +119,10 @@ def summary(records: list) -> str:
     errors = [r for r in records if r.error]
     reasons = Counter(r.reject_reason or "none" for r in refused)
     why = f" {dict(reasons)}" if reasons else ""
+    kinds = Counter(r.error[:60] for r in errors)
+    what = f" {dict(kinds.most_common(3))}" if kinds else ""
     return (f"{len(records)} requests: {len(ok)} admitted ({sum(r.finished for r in ok)} finished), "
-            f"{len(refused)} refused{why}, {len(errors)} errors")
+            f"{len(refused)} refused{why}, {len(errors)} errors{what}")
 
 
 def print_json(bench: str, **values) -> None:

@@ -90,10 +90,13 @@ def test_several_long_prefills_per_step_when_allowed(make_request):
     assert step(scheduler, 0.0) == {"long-1": 8, "long-2": 8}
 
 
-def test_a_prompt_alone_takes_the_whole_budget(make_request):
+def test_a_prompt_alone_is_chunked_too(make_request):
+    # Whoever arrives during its step waits for one capped step, not the prompt.
     scheduler = make(budget=64, chunk_cap=8)
     scheduler.add(make_request("long", max_output=2, prompt=own(1000, 100)), now_s=0.0)
-    assert step(scheduler, 0.0) == {"long": 64}
+    assert step(scheduler, 0.0) == {"long": 8}
+    scheduler.add(make_request("chat", max_output=2, tenant="b", prompt=own(2000, 4)), now_s=0.0)
+    assert step(scheduler, 1.0) == {"chat": 4}  # its first token's step carries no long chunk
 
 
 def test_a_long_prompts_tail_takes_the_long_slot_too(make_request):
@@ -130,3 +133,26 @@ def test_a_first_token_step_carries_no_long_batch_chunk_either(make_request):
     scheduler.add(make_request("chat-1", max_output=20, prompt=own(2000, 6)), now_s=1.5)
     assert step(scheduler, 2.0) == {"chat-0": 1, "chat-1": 6}  # same tenant, other class: still first
     assert step(scheduler, 3.0) == {"chat-0": 1, "chat-1": 1, "job": 8}
+
+
+def test_chunks_shrink_deep_into_a_long_prompt_at_the_depth_scale():
+    from sluice.engine.scheduler import chunk_at_depth
+
+    sizes = [chunk_at_depth(256, start, 1000) for start in (0, 500, 1000, 2000, 4000, 100_000)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] < 256
+    assert sizes[-1] == 32  # never under an eighth of the cap
+    # The chunk's cost, counted in tokens at the prompt's start, stays within the cap.
+    for start, n in zip((0, 500, 1000, 2000, 4000), sizes):
+        assert n * (1 + (start + n / 2) / 1000) <= 256 + 1e-9
+    assert chunk_at_depth(256, 4000, 0) == 256  # no scale: depth is ignored
+
+
+def test_the_scheduler_sizes_long_chunks_by_their_depth(make_request):
+    scheduler = IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=16,
+                        prefill_depth_scale_tokens=16),
+        BlockManager(256, 4),
+    )
+    scheduler.add(make_request("long", max_output=2, prompt=own(1000, 200)), now_s=0.0)
+    chunks = [step(scheduler, float(i))["long"] for i in range(4)]
+    assert chunks[0] < 16 and chunks == sorted(chunks, reverse=True) and chunks[-1] >= 2

@@ -15,6 +15,7 @@ from sluice.model.cpu_tuning import tune_cpu_allocator
 from sluice.model.kv_cache import allocate_kv_caches
 from sluice.model.loader import load_llama
 from sluice.model.runner import ModelRunner
+from sluice.model.step_cost import attention_depth_scale_tokens
 from sluice.replica.canary import Canary
 from sluice.replica.capacity import kv_cache_blocks
 from sluice.replica.engine_loop import EngineLoop
@@ -50,8 +51,12 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
             max_num_seqs=settings.max_num_seqs,
             max_model_len_tokens=model.config.max_position_embeddings,
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
-            long_prefill_chunk_tokens=settings.long_prefill_chunk_tokens,
+            long_prefill_chunk_tokens=settings.long_prefill_chunk_for_device(),
             max_long_prefills_per_step=settings.max_long_prefills_per_step,
+            prefill_depth_scale_tokens=(
+                attention_depth_scale_tokens(model.config) if settings.prefill_depth_scale_tokens is None
+                else settings.prefill_depth_scale_tokens
+            ),
             batch_prefill_tokens_beside_interactive=settings.batch_prefill_tokens_beside_interactive,
         ),
         BlockManager(num_blocks, settings.block_size_tokens),
