@@ -7,10 +7,14 @@ from sluice.engine.request import ServiceClass
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
 
 
-def make(budget: int = 64, chunk_cap: int = 0, batch_cap: int = 0, long_per_step: int = 1) -> IterationScheduler:
+def make(budget: int = 64, chunk_cap: int = 0, batch_cap: int = 0, long_per_step: int = 1,
+         long_over: int = 0) -> IterationScheduler:
+    """`long_over`: the long-prompt threshold; 0 = the chunk cap (every
+    chunked prompt is long)."""
     return IterationScheduler(
         SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16, long_prefill_chunk_tokens=chunk_cap,
-                        max_long_prefills_per_step=long_per_step, batch_prefill_tokens_beside_interactive=batch_cap),
+                        max_long_prefills_per_step=long_per_step, batch_prefill_tokens_beside_interactive=batch_cap,
+                        long_prefill_threshold_tokens=long_over),
         BlockManager(256, 4),
     )
 
@@ -156,3 +160,13 @@ def test_the_scheduler_sizes_long_chunks_by_their_depth(make_request):
     scheduler.add(make_request("long", max_output=2, prompt=own(1000, 200)), now_s=0.0)
     chunks = [step(scheduler, float(i))["long"] for i in range(4)]
     assert chunks[0] < 16 and chunks == sorted(chunks, reverse=True) and chunks[-1] >= 2
+
+
+def test_prompts_between_the_cap_and_the_long_threshold_are_chunked_but_not_one_per_step(make_request):
+    scheduler = make(budget=64, chunk_cap=8, long_over=20)
+    for i, tenant in enumerate("abc"):
+        scheduler.add(make_request(f"mid-{tenant}", max_output=2, tenant=tenant, prompt=own(1000 * (i + 1), 12)),
+                      now_s=0.0)
+    scheduler.add(make_request("long", max_output=2, tenant="d", prompt=own(5000, 40)), now_s=0.0)
+    # All three medium prompts get a capped chunk; the long one its single slot.
+    assert step(scheduler, 0.0) == {"mid-a": 8, "mid-b": 8, "mid-c": 8, "long": 8}

@@ -74,6 +74,13 @@ class SchedulerConfig:
     # ms in chunks of 256 vs 65 ms in one step). 0 = no cap.
     long_prefill_chunk_tokens: int = 256
     max_long_prefills_per_step: int = 1
+    # A prompt with more than this left to prefill at admission is long:
+    # it takes one of the step's `max_long_prefills_per_step` slots (its
+    # tail included). Prompts between the chunk cap and this are chunked
+    # but not limited in number, so a burst of ordinary prompts still
+    # prefills many per step (64 prompts of 200 tokens at once: max TTFT
+    # 694 ms when every prompt over a 128-token cap was long, vs 396 ms).
+    long_prefill_threshold_tokens: int = 512
     # A chunk deep into a long prompt costs more than one at its start: each
     # of its tokens attends to everything before it. With this set, a long
     # prefill's chunk is sized so its cost, counted in tokens at the start
@@ -113,18 +120,20 @@ class _StepBuilder:
     preempted_ids: list[str] = field(default_factory=list)
     chunk_cap_tokens: int = 0  # 0 = a prefill may take the whole budget
     depth_scale_tokens: int = 0  # see SchedulerConfig.prefill_depth_scale_tokens
-    long_slots: int = 0        # chunks left this step for prefills longer than the cap
+    long_slots: int = 0        # chunks left this step for long prefills
     first_chunks: int = 0      # interactive short prompts admitted this step
 
     def take(self, uncomputed_tokens: int, long: bool, start_tokens: int = 0) -> int:
-        """Tokens of a prefill to schedule now; 0 = none this step. `long`:
-        a prefill that counts against the step's long-prefill slots, whose
-        chunk starts at position `start_tokens`."""
+        """Tokens of a prefill to schedule now; 0 = none this step. Any
+        chunk is at most the cap (smaller the deeper it starts, at
+        `start_tokens`); a `long` prefill also needs one of the step's
+        long-prefill slots."""
         take = min(uncomputed_tokens, self.budget_tokens)
-        if self.chunk_cap_tokens and long:
-            cap = chunk_at_depth(self.chunk_cap_tokens, start_tokens, self.depth_scale_tokens)
-            return min(take, cap) if self.long_slots else 0
-        return take
+        if not self.chunk_cap_tokens:
+            return take
+        if long and not self.long_slots:
+            return 0
+        return min(take, chunk_at_depth(self.chunk_cap_tokens, start_tokens, self.depth_scale_tokens))
 
     def claim(self, long: bool) -> None:
         """A chunk of a prefill was scheduled."""
@@ -324,7 +333,7 @@ class IterationScheduler:
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
             uncomputed = sequence.num_tokens - prefix.num_tokens
             cap = self.config.long_prefill_chunk_tokens
-            long = bool(cap) and uncomputed > cap
+            long = bool(cap) and uncomputed > max(self.config.long_prefill_threshold_tokens, cap)
             take = step.take(uncomputed, long, prefix.num_tokens)
             if take == 0:
                 return False  # a long prompt, and this step's long chunks are taken: it keeps its place

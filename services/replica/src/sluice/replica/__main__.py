@@ -53,6 +53,7 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
             long_prefill_chunk_tokens=settings.long_prefill_chunk_for_device(),
             max_long_prefills_per_step=settings.max_long_prefills_per_step,
+            long_prefill_threshold_tokens=settings.long_prefill_threshold_tokens,
             prefill_depth_scale_tokens=(
                 attention_depth_scale_tokens(model.config) if settings.prefill_depth_scale_tokens is None
                 else settings.prefill_depth_scale_tokens

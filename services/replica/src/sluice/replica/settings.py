@@ -43,7 +43,10 @@ class ReplicaSettings(SluiceSettings):
         None, ge=0, description="cap of one prompt's prefill chunk (ITL/TTFT bound); none = "
         f"{CPU_LONG_PREFILL_CHUNK_TOKENS} on CPU, {CUDA_LONG_PREFILL_CHUNK_TOKENS} on CUDA; 0 = no cap"
     )
-    max_long_prefills_per_step: int = Field(1, ge=1, description="prefills longer than the chunk cap per step")
+    max_long_prefills_per_step: int = Field(1, ge=1, description="long prompts (see the threshold) with a chunk per step")
+    long_prefill_threshold_tokens: int = Field(
+        512, ge=0, description="a prompt with more than this to prefill is long: one of the per-step slots"
+    )
     prefill_depth_scale_tokens: int | None = Field(
         None, ge=0, description="long-prompt chunks shrink with depth at this scale; none = from the model's "
         "shape, 0 = chunk size independent of depth"
