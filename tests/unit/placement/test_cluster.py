@@ -10,6 +10,7 @@ from sluice.admission.reservation import ReservationPolicy
 from sluice.admission.tenant_caps import TenantHolding, TenantLimits, TenantLimitsTable
 from sluice.outcomes import Reason
 from sluice.placement.asks import Dispatched, Queued, Refused
+from sluice.placement.cluster import RETRY_SLO_MARGIN
 from sluice.placement.config import ClassPolicy
 
 from placement_factories import BATCH, INTERACTIVE, LOOSE, hashes, make_ask, make_scheduler, make_view
@@ -127,7 +128,8 @@ def test_over_the_slo_is_refused_with_a_retry_after_and_the_prediction():
     answer = scheduler.enqueue(make_ask("q1"), 1.0)
     assert isinstance(answer, Refused) and answer.reason is Reason.OVER_CAPACITY
     assert answer.predicted_start_s == pytest.approx(29.0)
-    assert answer.retry_after_s == pytest.approx(29.0 - 2.0)
+    # Back when its predicted start is well inside the SLO, not at its edge.
+    assert answer.retry_after_s == pytest.approx(29.0 - (1 - RETRY_SLO_MARGIN) * 2.0)
     assert "q1" not in scheduler.ledger and all(len(q) == 0 for q in scheduler.queues().values())
 
 

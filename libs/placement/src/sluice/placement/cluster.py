@@ -43,6 +43,9 @@ from sluice.placement.vtc import VirtualTokenCounters
 # still on its way to the replica): counted against its reported free blocks.
 REPORT_TRANSIT_S = 0.1
 NO_REPLICA_RETRY_S = 1.0
+# A refused request is told to return when its predicted start is this
+# share of the SLO inside it (see _capacity_retry_after_s).
+RETRY_SLO_MARGIN = 0.25
 # Tenants with a spread of retry slots remembered; past it, spent ones are dropped.
 MAX_TENANT_RETRY_SLOTS = 10_000
 
@@ -363,7 +366,10 @@ class ClusterScheduler:
         # of retry slots, and the soonest anyone refused is told to return
         # (a refusal never says "now": the work that refused it is still there).
         drain_s = service_s * max(kv_blocks / total_blocks, 1 / total_seats)
-        fits_at_s = now_s + max(delay_s - slo_s, drain_s)
+        # Aim inside the SLO, not at its edge: a retry told to come back
+        # when its predicted start is exactly the SLO is refused again by
+        # any drift of the prediction, about half the time.
+        fits_at_s = now_s + max(delay_s - (1.0 - RETRY_SLO_MARGIN) * slo_s, drain_s)
         return self._retry_slots[(version, service_class)].retry_after_s(now_s, fits_at_s, drain_s)
 
     def _tenant_retry_after_s(self, ask: Ask, now_s: float) -> float:
