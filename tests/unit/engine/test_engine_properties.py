@@ -186,6 +186,7 @@ class Driver:
         self.running: dict[str, int] = {}  # request id -> computed tokens
         self.cancelled: set[str] = set()
         self.refused: set[str] = set()
+        self.batch_skipped_last_step = False
 
     def run(self) -> Run:
         last_arrival = self.arrivals[-1].step
@@ -255,9 +256,17 @@ class Driver:
             assert all(self.rank[other] < self.rank[victim] for other in survivors), "preempted a more important one"
         kinds = [c.request_id in decoding for c in plan.chunks]
         assert kinds == sorted(kinds, reverse=True), "a prefill chunk is ahead of a decode"
+        scheduled = {c.request_id for c in plan.chunks}
+        skipped = decoding - set(plan.preempted_ids) - scheduled
         if sum(kinds) < s.budget_tokens:
-            scheduled = {c.request_id for c in plan.chunks}
-            assert decoding - set(plan.preempted_ids) <= scheduled, "a decode was skipped"
+            # Only batch decodes, and only in a step that gives a newly
+            # admitted interactive prompt its first chunk, never two running.
+            assert all(self.rank[rid][0] is ServiceClass.BATCH for rid in skipped), "a decode was skipped"
+            if skipped:
+                assert not self.batch_skipped_last_step, "batch decodes skipped two steps running"
+                assert any(self.rank[c.request_id][0] is ServiceClass.INTERACTIVE and c.request_id not in self.running
+                           for c in plan.chunks), "batch decodes skipped without a first interactive chunk"
+        self.batch_skipped_last_step = bool(skipped)
         for chunk in plan.chunks:
             rid, start, n = chunk.request_id, chunk.start_position, len(chunk.token_ids)
             assert n >= 1 and chunk.token_ids == tuple(self.tokens_of[rid][start : start + n])

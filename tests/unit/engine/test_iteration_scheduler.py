@@ -222,7 +222,9 @@ def test_a_waiting_interactive_preempts_the_newest_batch_after_the_threshold(mak
 
     plan, _ = _positional_step(scheduler, 1.25)  # waited 0.25 s
     assert plan.preempted_ids == ("b-new",)  # the newest batch; one is enough
-    assert [c.request_id for c in plan.chunks] == ["b-old", "chat"]
+    assert [c.request_id for c in plan.chunks] == ["chat"]  # its first-token step: b-old sits it out
+    plan, _ = _positional_step(scheduler, 1.3)
+    assert [c.request_id for c in plan.chunks] == ["chat", "b-old"]  # decodes, interactive first
     assert scheduler.num_preemptions_total == 1
 
 
@@ -272,16 +274,19 @@ def test_a_waiting_interactive_takes_a_batch_sequence_slot(make_scheduler, make_
     assert "chat" not in {c.request_id for c in plan.chunks} and not plan.preempted_ids
     plan, _ = _positional_step(scheduler, 1.3)
     assert plan.preempted_ids == ("b2",)  # one slot is needed: only the newest goes
-    assert {c.request_id for c in plan.chunks} == {"b0", "b1", "chat"}
+    assert {c.request_id for c in plan.chunks} == {"chat"}  # the others sit its first-token step out
     assert scheduler.num_running == 3
+    plan, _ = _positional_step(scheduler, 1.4)
+    assert {c.request_id for c in plan.chunks} == {"b0", "b1", "chat"}
 
 
 def test_a_waiting_interactive_never_preempts_an_interactive_one(make_scheduler, make_request):
     scheduler = make_scheduler(budget=64, max_seqs=3)
     scheduler.add(make_request("batch", prompt_len=4, max_output=20, service_class=B), 0.0)
+    _positional_step(scheduler, 0.0)
     scheduler.add(make_request("chat-a", prompt_len=4, max_output=20), 0.0)
     scheduler.add(make_request("chat-b", prompt_len=4, max_output=20), 0.0)
-    _positional_step(scheduler, 0.0)
+    _positional_step(scheduler, 0.5)
     scheduler.add(make_request("chat-c", prompt_len=4, max_output=20), 1.0)
     scheduler.add(make_request("chat-d", prompt_len=4, max_output=2), 1.0)
     plan, _ = _positional_step(scheduler, 5.0)
@@ -296,8 +301,9 @@ def test_no_batch_is_preempted_when_all_of_them_would_not_make_room(make_schedul
     # 6 blocks of 4: an interactive holds 4, a batch 2; "big" needs 3 more
     # than the 0 free, and the batch's 2 would not do.
     scheduler = make_scheduler(num_blocks=6, block_size=4, budget=32)
-    scheduler.add(make_request("chat-long", prompt_len=13, max_output=3), 0.0)
     scheduler.add(make_request("batch", prompt_len=5, max_output=3, service_class=B), 0.0)
+    _positional_step(scheduler, 0.0)
+    scheduler.add(make_request("chat-long", prompt=tuple(range(100, 113)), max_output=3), 0.0)  # no shared block
     _positional_step(scheduler, 0.0)
     assert scheduler.blocks.num_free_blocks == 0
     scheduler.add(make_request("big", prompt=tuple(range(30, 42)), max_output=1), 0.0)

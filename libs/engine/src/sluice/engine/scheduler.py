@@ -25,9 +25,9 @@ its length under a per-step token budget:
 A long prompt (more than `long_prefill_chunk_tokens` left to compute at
 admission) prefills one capped chunk per step, its tail included, and at most
 `max_long_prefills_per_step` of them share a step. A step that admits a
-quiet tenant's short interactive prompt carries no long chunk (never two
-steps running): its first token waits for the decodes, not for another
-tenant's prompt.
+short interactive prompt carries no long chunk and no batch work at all,
+decodes included (never two steps running): its first token waits for the
+interactive decodes, not for another tenant's prompt or for batch.
 
 `schedule(now_s)` returns a frozen `StepPlan`; `update(plan, sampled)`
 applies the runner's sampled tokens, registers newly computed full blocks in
@@ -122,6 +122,7 @@ class _StepBuilder:
     depth_scale_tokens: int = 0  # see SchedulerConfig.prefill_depth_scale_tokens
     long_slots: int = 0        # chunks left this step for long prefills
     first_chunks: int = 0      # interactive short prompts admitted this step
+    batch_held: bool = False   # a first-token step: no batch work in it
 
     def take(self, uncomputed_tokens: int, long: bool, start_tokens: int = 0) -> int:
         """Tokens of a prefill to schedule now; 0 = none this step. Any
@@ -248,7 +249,9 @@ class IterationScheduler:
             busy_keys = frozenset(s.request.fairness_key for s in prefilling)
             if admitting and busy_keys:
                 admitting = self._admit(service_class, step, now_s, skip_keys=busy_keys)
-            deferred = deferred or self._defer_long_prefills(step)
+            deferred = self._defer_long_prefills(step) or deferred
+            if service_class is ServiceClass.BATCH and step.batch_held:
+                break
             for sequence in prefilling:
                 if step.budget_tokens == 0:
                     break
@@ -288,15 +291,23 @@ class IterationScheduler:
 
     def _defer_long_prefills(self, step: _StepBuilder) -> bool:
         """Short interactive prompts admitted so far get their first token
-        from this step: it then carries no long chunk (of either class), so
-        its length is theirs and the decodes'. Never two steps running, so
-        long prompts still advance. True if this step defers them."""
-        if not step.first_chunks or self._deferred_long_prefill or not step.long_slots:
+        from this step: it then carries no long chunk (of either class) and
+        no batch work at all (batch has no latency target; it loses a step),
+        so its length is theirs and the interactive decodes'. Never two
+        steps running, so long prompts and batch still advance. True if
+        this step held anything back."""
+        if not step.first_chunks or self._deferred_long_prefill or step.batch_held:
             return False
         step.long_slots = 0
-        # Deferred only if a long prefill part-way through is held back.
-        return any(s.long_prefill and s.num_uncomputed_tokens > 1 and s.request_id not in step.chunks
-                   for s in self._running)
+        step.batch_held = True
+        held = False
+        for sequence in self._running:
+            if sequence.request.service_class is ServiceClass.BATCH:
+                held = True
+                step.drop(sequence.request_id)  # its KV for the token stays allocated: next step uses it
+            elif sequence.long_prefill and sequence.num_uncomputed_tokens > 1 and sequence.request_id not in step.chunks:
+                held = True
+        return held or self._waiting.has_class(ServiceClass.BATCH)
 
     def _schedule_running(self, sequence: Sequence, step: _StepBuilder) -> None:
         """Schedule the next chunk of a running sequence, preempting the least
