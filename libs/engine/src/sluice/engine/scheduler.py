@@ -177,8 +177,8 @@ class IterationScheduler:
         self._running: list[Sequence] = []  # in admission order
         self._arrivals = itertools.count()
         self.num_preemptions_total = 0
-        # The previous step left out long prefill chunks for first tokens.
-        self._deferred_long_prefill = False
+        # The previous step held long chunks and batch back for first tokens.
+        self._held_for_first_tokens_last_step = False
 
     # -- requests in and out -------------------------------------------------
 
@@ -229,7 +229,7 @@ class IterationScheduler:
         step.chunk_cap_tokens = self.config.long_prefill_chunk_tokens
         step.depth_scale_tokens = self.config.prefill_depth_scale_tokens
         step.long_slots = self.config.max_long_prefills_per_step
-        deferred = False
+        held = False
         interactive_here = self._waiting.has_class(ServiceClass.INTERACTIVE) or any(
             s.request.service_class is ServiceClass.INTERACTIVE for s in self._running)
         admitting = True
@@ -249,7 +249,7 @@ class IterationScheduler:
             busy_keys = frozenset(s.request.fairness_key for s in prefilling)
             if admitting and busy_keys:
                 admitting = self._admit(service_class, step, now_s, skip_keys=busy_keys)
-            deferred = self._defer_long_prefills(step) or deferred
+            held = self._hold_for_first_tokens(step) or held
             if service_class is ServiceClass.BATCH and step.batch_held:
                 break
             for sequence in prefilling:
@@ -260,7 +260,7 @@ class IterationScheduler:
             if admitting:
                 admitting = self._admit(service_class, step, now_s)
 
-        self._deferred_long_prefill = deferred
+        self._held_for_first_tokens_last_step = held
         return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
 
     def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> list[RequestOutput]:
@@ -289,14 +289,14 @@ class IterationScheduler:
 
     # -- internals -----------------------------------------------------------
 
-    def _defer_long_prefills(self, step: _StepBuilder) -> bool:
+    def _hold_for_first_tokens(self, step: _StepBuilder) -> bool:
         """Short interactive prompts admitted so far get their first token
         from this step: it then carries no long chunk (of either class) and
         no batch work at all (batch has no latency target; it loses a step),
         so its length is theirs and the interactive decodes'. Never two
         steps running, so long prompts and batch still advance. True if
         this step held anything back."""
-        if not step.first_chunks or self._deferred_long_prefill or step.batch_held:
+        if not step.first_chunks or self._held_for_first_tokens_last_step or step.batch_held:
             return False
         step.long_slots = 0
         step.batch_held = True
