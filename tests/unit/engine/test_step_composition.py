@@ -140,7 +140,7 @@ def test_a_first_token_step_carries_no_long_batch_chunk_either(make_request):
 
 
 def test_chunks_shrink_deep_into_a_long_prompt_at_the_depth_scale():
-    from sluice.engine.scheduler import chunk_at_depth
+    from sluice.engine.step_builder import chunk_at_depth
 
     sizes = [chunk_at_depth(256, start, 1000) for start in (0, 500, 1000, 2000, 4000, 100_000)]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] < 256

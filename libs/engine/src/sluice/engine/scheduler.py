@@ -35,14 +35,14 @@ the prefix cache, and returns per-request outputs.
 """
 
 import itertools
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sluice.engine.block_manager import BlockManager, CachedPrefix, KVBlocks
 from sluice.engine.plan import RequestOutput, ScheduledChunk, StepPlan
 from sluice.engine.request import EngineRequest, FinishReason, ServiceClass
 from sluice.engine.sequence import Sequence, SequenceStatus
+from sluice.engine.step_builder import StepBuilder
 from sluice.engine.waiting import WaitingQueue
 
 
@@ -111,58 +111,6 @@ class SchedulerConfig:
             raise ValueError("long_prefill_chunk_tokens and batch_prefill_tokens_beside_interactive must be >= 0")
 
 
-@dataclass(slots=True)
-class _StepBuilder:
-    """The plan under construction; preemption can take a chunk back out."""
-
-    budget_tokens: int
-    chunks: dict[str, ScheduledChunk] = field(default_factory=dict)
-    preempted_ids: list[str] = field(default_factory=list)
-    chunk_cap_tokens: int = 0  # 0 = a prefill may take the whole budget
-    depth_scale_tokens: int = 0  # see SchedulerConfig.prefill_depth_scale_tokens
-    long_slots: int = 0        # chunks left this step for long prefills
-    first_chunks: int = 0      # interactive short prompts admitted this step
-    batch_held: bool = False   # a first-token step: no batch work in it
-
-    def take(self, uncomputed_tokens: int, long: bool, start_tokens: int = 0) -> int:
-        """Tokens of a prefill to schedule now; 0 = none this step. Any
-        chunk is at most the cap (smaller the deeper it starts, at
-        `start_tokens`); a `long` prefill also needs one of the step's
-        long-prefill slots."""
-        take = min(uncomputed_tokens, self.budget_tokens)
-        if not self.chunk_cap_tokens:
-            return take
-        if long and not self.long_slots:
-            return 0
-        return min(take, chunk_at_depth(self.chunk_cap_tokens, start_tokens, self.depth_scale_tokens))
-
-    def claim(self, long: bool) -> None:
-        """A chunk of a prefill was scheduled."""
-        if self.chunk_cap_tokens and long:
-            self.long_slots -= 1
-
-    def add(self, chunk: ScheduledChunk) -> None:
-        self.chunks[chunk.request_id] = chunk
-        self.budget_tokens -= len(chunk.token_ids)
-
-    def drop(self, request_id: str) -> None:
-        chunk = self.chunks.pop(request_id, None)
-        if chunk is not None:
-            self.budget_tokens += len(chunk.token_ids)
-
-
-def chunk_at_depth(cap_tokens: int, start_tokens: int, depth_scale_tokens: int) -> int:
-    """The largest chunk starting at `start_tokens` whose cost
-    n x (1 + (start + n/2) / scale) is within `cap_tokens`; at least an
-    eighth of the cap, so a near-context prompt still advances in chunks
-    worth a step."""
-    if not depth_scale_tokens:
-        return cap_tokens
-    depth = start_tokens / depth_scale_tokens + 1.0
-    n = depth_scale_tokens * (math.sqrt(depth * depth + 2.0 * cap_tokens / depth_scale_tokens) - depth)
-    return max(int(n), max(cap_tokens // 8, 1))
-
-
 def _rank(sequence: Sequence) -> tuple[int, int]:
     """Smaller is more important: class, then arrival."""
     return sequence.request.service_class, sequence.arrival_index
@@ -218,7 +166,7 @@ class IterationScheduler:
     # -- one step ------------------------------------------------------------
 
     def schedule(self, now_s: float) -> StepPlan:
-        step = _StepBuilder(self.config.max_num_batched_tokens)
+        step = StepBuilder(self.config.max_num_batched_tokens)
         decoding = sorted((s for s in self._running if s.num_uncomputed_tokens == 1), key=_rank)
         for sequence in decoding:
             if step.budget_tokens == 0:
@@ -289,7 +237,7 @@ class IterationScheduler:
 
     # -- internals -----------------------------------------------------------
 
-    def _hold_for_first_tokens(self, step: _StepBuilder) -> bool:
+    def _hold_for_first_tokens(self, step: StepBuilder) -> bool:
         """Short interactive prompts admitted so far get their first token
         from this step: it then carries no long chunk (of either class) and
         no batch work at all (batch has no latency target; it loses a step),
@@ -309,7 +257,7 @@ class IterationScheduler:
                 held = True
         return held or self._waiting.has_class(ServiceClass.BATCH)
 
-    def _schedule_running(self, sequence: Sequence, step: _StepBuilder) -> None:
+    def _schedule_running(self, sequence: Sequence, step: StepBuilder) -> None:
         """Schedule the next chunk of a running sequence, preempting the least
         important running sequence until its blocks fit (or it is that one)."""
         while True:
@@ -328,7 +276,7 @@ class IterationScheduler:
                 return
 
     def _admit(
-        self, service_class: ServiceClass, step: _StepBuilder, now_s: float,
+        self, service_class: ServiceClass, step: StepBuilder, now_s: float,
         skip_keys: frozenset[str] = frozenset(),
     ) -> bool:
         """Admit waiting sequences of `service_class` (of tenants not in
@@ -375,7 +323,7 @@ class IterationScheduler:
                 and now_s - sequence.arrival_s >= after_s)
 
     def _preempt_batch_for(self, sequence: Sequence, num_tokens: int, prefix: CachedPrefix,
-                           step: _StepBuilder) -> KVBlocks | None:
+                           step: StepBuilder) -> KVBlocks | None:
         """Preempt the fewest running batch sequences, newest arrival first,
         after which `sequence` has a slot and blocks for `num_tokens`, and
         allocate them. None, preempting nobody, if all of them would not do."""
@@ -408,7 +356,7 @@ class IterationScheduler:
             sampling=sequence.request.sampling,
         )
 
-    def _preempt(self, sequence: Sequence, step: _StepBuilder) -> None:
+    def _preempt(self, sequence: Sequence, step: StepBuilder) -> None:
         self.blocks.free(sequence.request_id)
         self._running.remove(sequence)
         sequence.status = SequenceStatus.WAITING
