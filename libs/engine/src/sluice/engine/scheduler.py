@@ -22,9 +22,10 @@ its length under a per-step token budget:
      preempts: batch never displaces anyone, interactive never displaces
      interactive.
 
-A long prompt (more than `long_prefill_chunk_tokens` left to compute at
-admission) prefills one capped chunk per step, its tail included, and at most
-`max_long_prefills_per_step` of them share a step. A step that admits a
+Every prefill chunk is at most `long_prefill_chunk_tokens` (fewer deep into
+a prompt). A long prompt (more than `long_prefill_threshold_tokens` left to
+compute at admission) prefills one chunk per step, its tail included, and at
+most `max_long_prefills_per_step` of them share a step. A step that admits a
 short interactive prompt carries no long chunk and no batch work at all,
 decodes included (never two steps running): its first token waits for the
 interactive decodes, not for another tenant's prompt or for batch.
@@ -64,7 +65,7 @@ class SchedulerConfig:
     # seconds. None: waiting sequences never preempt.
     interactive_preempt_after_s: float | None = 0.25
     # One sequence's prefill chunk is at most this many tokens, and at most
-    # `max_long_prefills_per_step` sequences with more than that to prefill
+    # `max_long_prefills_per_step` long prompts (see the threshold below)
     # get a chunk in one step: near-context prompts then prefill a chunk at
     # a time instead of making every decode and every short prompt wait
     # for whole max_num_batched_tokens steps (inter-token latency and TTFT
@@ -253,7 +254,7 @@ class IterationScheduler:
             if sequence.request.service_class is ServiceClass.BATCH:
                 held = True
                 step.drop(sequence.request_id)  # its KV for the token stays allocated: next step uses it
-            elif sequence.long_prefill and sequence.num_uncomputed_tokens > 1 and sequence.request_id not in step.chunks:
+            elif sequence.is_long_prefilling and sequence.request_id not in step.chunks:
                 held = True
         return held or self._waiting.has_class(ServiceClass.BATCH)
 
@@ -261,7 +262,7 @@ class IterationScheduler:
         """Schedule the next chunk of a running sequence, preempting the least
         important running sequence until its blocks fit (or it is that one)."""
         while True:
-            long = sequence.long_prefill and sequence.num_uncomputed_tokens > 1  # > 1: not a decode
+            long = sequence.is_long_prefilling
             take = step.take(sequence.num_uncomputed_tokens, long, sequence.num_computed_tokens)
             if take == 0:
                 return  # a long prefill past this step's quota: next step

@@ -39,7 +39,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
-    # Admitted with more than the long-prefill chunk cap left to compute:
+    # Admitted with more than the long-prefill threshold left to compute:
     # every chunk of this prefill, the short tail included, takes one of a
     # step's long-prefill slots (else a tail beside the next prompt's first
     # chunk doubles the step).
@@ -72,6 +72,11 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_long_prefilling(self) -> bool:
+        """Part-way through a long prefill (more than one token left: one is a decode)."""
+        return self.long_prefill and self.num_uncomputed_tokens > 1
 
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
         return tuple(self.all_token_ids[start:stop])

@@ -14,9 +14,10 @@ trip through the router and scheduler, so it cannot take the CPU the other
 tenants' streams need. One ending request lets one through, not all: a
 flood of 64 callers would otherwise send its whole herd to the router and
 scheduler each time one of its streams ends (measured: ~20 refusals there
-per finish, arriving together, ahead of other tenants' requests). The memory is per gateway process and only ever
-shortens what the scheduler said; a request that would have fitted (a
-smaller one) may wait out the rest of the Retry-After. The caps count each
+per finish, arriving together, ahead of other tenants' requests). The
+memory is per gateway process and only ever shortens what the scheduler
+said; a request that would have fitted (a smaller one) may wait out the
+rest of the Retry-After. The caps count each
 class apart, so a batch (flex) refusal never holds back interactive calls.
 
 Refusals from memory are spread as the scheduler spreads its own: the
@@ -87,8 +88,14 @@ class TenantBackoff:
             entry.passes -= 1
             return None
         at_s = max(entry.next_slot_s, entry.until_s)
-        entry.next_slot_s = at_s + (self._ends.get(tenant, (0.0, None))[1] or 0.0)
+        entry.next_slot_s = at_s + self._end_interval_s(tenant)
         return ApiError.of(entry.reason, entry.message, retry_after_s=at_s - now_s)
+
+    def _end_interval_s(self, tenant: str) -> float:
+        """The smoothed interval between the tenant's request ends here; 0
+        until two have been seen (refusals are then not spread)."""
+        _, interval_s = self._ends.get(tenant, (None, None))
+        return interval_s or 0.0
 
     def freed(self, tenant: str) -> None:
         """One of the tenant's requests ended: the next of its requests (per

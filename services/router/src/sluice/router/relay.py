@@ -22,7 +22,7 @@ from sluice.router.metrics import RouterMetrics
 from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
 from sluice.router.replica_channels import ReplicaChannels
-from sluice.router.tenant_gate import TenantGate
+from sluice.router.tenant_gate import DEFAULT_PER_TENANT, TenantGate
 from sluice.engine.block_hash import BlockHash, extend_block_hashes
 from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
@@ -31,10 +31,6 @@ from sluice.tokenization.stop_strings import StopStringMatcher
 from sluice.v1 import common_pb2, replica_pb2, router_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
-
-# One tenant's prompts tokenized at once; the default thread pool has
-# min(32, cores + 4) workers, so a flood leaves the others most of it.
-DEFAULT_TOKENIZE_PER_TENANT = 2
 
 FINISH_NAMES = {
     common_pb2.FINISH_REASON_STOP: "stop",
@@ -92,7 +88,7 @@ class Relay:
         # service class -> prompt cap in tokens (0 = the model's context)
         self._prompt_caps_tokens = prompt_caps_tokens or {}
         self._kv_block_size_tokens = kv_block_size_tokens
-        self._tokenize_gate = tokenize_gate or TenantGate(DEFAULT_TOKENIZE_PER_TENANT)
+        self._tokenize_gate = tokenize_gate or TenantGate(DEFAULT_PER_TENANT)
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model

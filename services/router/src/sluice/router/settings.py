@@ -1,6 +1,7 @@
 from pydantic import Field
 
 from sluice.config import SluiceSettings
+from sluice.router.tenant_gate import DEFAULT_PER_TENANT
 
 
 class RouterSettings(SluiceSettings):
@@ -21,5 +22,5 @@ class RouterSettings(SluiceSettings):
         16, ge=1, description="block size the prompt's prefix hashes are computed at (the replicas' block size)"
     )
     tokenize_per_tenant: int = Field(
-        2, ge=1, description="one tenant's prompts tokenized at once (the rest wait their turn, not the others')"
+        DEFAULT_PER_TENANT, ge=1, description="one tenant's prompts tokenized at once (the rest wait their turn, not the others')"
     )

@@ -18,6 +18,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+# One tenant's prompts tokenized at once; the default thread pool has
+# min(32, cores + 4) workers, so a flood leaves the others most of it.
+DEFAULT_PER_TENANT = 2
+
 
 @dataclass(slots=True)
 class _Lane:
