@@ -1,11 +1,13 @@
 """The router's tokenization gate: one tenant's burst waits on its own
-lane, so another tenant's prompt is never queued behind it."""
+lane, so another tenant's prompt (or the same tenant's other class) is
+never queued behind it."""
 
 import asyncio
 
 import pytest
 
 from sluice.router.tenant_gate import TenantGate
+from sluice.v1 import common_pb2
 
 
 async def test_a_tenant_past_its_share_waits_while_another_goes_at_once():
@@ -32,6 +34,25 @@ async def test_a_tenant_past_its_share_waits_while_another_goes_at_once():
     await asyncio.gather(*flood)
     assert order[3:] == [f"f{i}" for i in range(2, 10)]  # the flood keeps its own order
     assert gate.num_tenants() == 0  # lanes go when nobody holds or waits
+
+
+async def test_a_tenants_batch_burst_never_holds_back_its_own_interactive_calls():
+    gate = TenantGate(per_tenant=1)
+    release = asyncio.Event()
+
+    async def batch() -> None:
+        async with gate.hold("acme", common_pb2.SERVICE_CLASS_BATCH):
+            await release.wait()
+
+    burst = [asyncio.create_task(batch()) for _ in range(4)]
+    await asyncio.sleep(0)
+    async with asyncio.timeout(1.0):
+        async with gate.hold("acme", common_pb2.SERVICE_CLASS_INTERACTIVE):
+            pass  # its own lane: not behind the burst
+    assert gate.num_tenants() == 1
+    release.set()
+    await asyncio.gather(*burst)
+    assert gate.num_tenants() == 0
 
 
 async def test_a_cancelled_waiter_leaves_no_lane_behind():

@@ -96,7 +96,7 @@ class Relay:
             version = self._models.resolve(alias, request.request_id)
             # Tokenizing and hashing a long prompt take milliseconds: keep the
             # loop free, and one tenant's burst out of the others' way.
-            async with self._tokenize_gate.hold(request.tenant):
+            async with self._tokenize_gate.hold(request.tenant, request.service_class):
                 prompt_ids, block_hashes = await asyncio.to_thread(
                     _prepare, version, request, self._kv_block_size_tokens)
             check_class_prompt_cap(
