@@ -530,12 +530,13 @@ def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], mon
         env = env_of(containers(deployment)[0])
         assert float(env["SLUICE_INTERACTIVE_PREEMPT_AFTER_S"]["value"]) == ReplicaSettings.model_fields[
             "interactive_preempt_after_s"].default
-        for name in ("max_long_prefills_per_step", "long_prefill_threshold_tokens",
-                     "batch_prefill_tokens_beside_interactive"):
+        for name in ("max_long_prefills_per_step", "long_prefill_threshold_tokens"):
             assert int(env[f"SLUICE_{name.upper()}"]["value"]) == ReplicaSettings.model_fields[name].default
-        # The chunk cap's code default depends on the device: the chart states the one for its device.
+        # The chunk caps' code defaults depend on the device: the chart states the ones for its device.
         rendered = ReplicaSettings(device=env["SLUICE_DEVICE"]["value"])
         assert int(env["SLUICE_LONG_PREFILL_CHUNK_TOKENS"]["value"]) == rendered.long_prefill_chunk_for_device()
+        assert int(env["SLUICE_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE"]["value"]) == (
+            rendered.batch_prefill_beside_interactive_for_device())
 
 
 def test_tenant_limits_render_as_json_the_scheduler_accepts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,6 +56,50 @@ def test_batch_prefill_is_capped_while_interactive_work_is_here(make_request):
     assert step(scheduler, 2.0)["job"] == 6
 
 
+def test_batch_stays_capped_for_the_recent_window_after_interactive_work_leaves(make_request):
+    scheduler = IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=0,
+                        batch_prefill_tokens_beside_interactive=6, interactive_recent_s=1.0),
+        BlockManager(256, 4),
+    )
+    scheduler.add(make_request("chat", max_output=1, prompt=own(1000, 4)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"chat": 4}  # its only token: the chat is gone
+    scheduler.add(make_request("job", prompt=own(2000, 400), max_output=2, service_class=ServiceClass.BATCH),
+                  now_s=0.1)
+    assert step(scheduler, 0.5) == {"job": 6}  # the next chat of a steady stream may be a moment away
+    assert step(scheduler, 0.99) == {"job": 6}
+    assert step(scheduler, 1.0) == {"job": 64}  # a second without interactive arrivals: the whole budget
+
+
+def test_no_recent_window_caps_batch_only_while_interactive_is_here(make_request):
+    scheduler = IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=0,
+                        batch_prefill_tokens_beside_interactive=6, interactive_recent_s=0.0),
+        BlockManager(256, 4),
+    )
+    scheduler.add(make_request("chat", max_output=1, prompt=own(1000, 4)), now_s=0.0)
+    step(scheduler, 0.0)
+    scheduler.add(make_request("job", prompt=own(2000, 400), max_output=2, service_class=ServiceClass.BATCH),
+                  now_s=0.0)
+    assert step(scheduler, 0.0) == {"job": 64}
+
+
+def test_batch_chunks_beside_interactive_shrink_with_depth(make_request):
+    scheduler = IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=32,
+                        long_prefill_threshold_tokens=32, prefill_depth_scale_tokens=16,
+                        batch_prefill_tokens_beside_interactive=8),
+        BlockManager(256, 4),
+    )
+    scheduler.add(make_request("chat", max_output=50, prompt=own(1000, 4)), now_s=0.0)
+    scheduler.add(make_request("job", prompt=own(2000, 400), max_output=2, service_class=ServiceClass.BATCH),
+                  now_s=0.0)
+    step(scheduler, 0.0)  # the chat's first-token step
+    chunks = [step(scheduler, 0.1 * i)["job"] for i in range(1, 6)]
+    assert chunks[0] <= 8 and chunks[-1] < chunks[0]  # the batch cap, counted at the prompt's start
+    assert chunks == sorted(chunks, reverse=True) and chunks[-1] >= 1
+
+
 def test_batch_prefill_takes_the_budget_when_no_interactive_is_here(make_request):
     scheduler = make(budget=64, batch_cap=6)
     scheduler.add(make_request("job", prompt_len=100, max_output=2, service_class=ServiceClass.BATCH), now_s=0.0)

@@ -58,7 +58,8 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
                 attention_depth_scale_tokens(model.config) if settings.prefill_depth_scale_tokens is None
                 else settings.prefill_depth_scale_tokens
             ),
-            batch_prefill_tokens_beside_interactive=settings.batch_prefill_tokens_beside_interactive,
+            batch_prefill_tokens_beside_interactive=settings.batch_prefill_beside_interactive_for_device(),
+            interactive_recent_s=settings.interactive_recent_s,
         ),
         BlockManager(num_blocks, settings.block_size_tokens),
     )
