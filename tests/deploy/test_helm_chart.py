@@ -514,7 +514,7 @@ def test_the_scheduler_gets_every_admission_knob(default_objects: list[dict]) ->
 
 
 def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice.replica.settings import ReplicaSettings
+    from sluice.replica.settings import DEVICE_DEFAULTS, ReplicaSettings
     from sluice.router.settings import RouterSettings
     from sluice.scheduler.settings import SchedulerSettings
 
@@ -534,9 +534,8 @@ def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], mon
             assert int(env[f"SLUICE_{name.upper()}"]["value"]) == ReplicaSettings.model_fields[name].default
         # The chunk caps' code defaults depend on the device: the chart states the ones for its device.
         rendered = ReplicaSettings(device=env["SLUICE_DEVICE"]["value"])
-        assert int(env["SLUICE_LONG_PREFILL_CHUNK_TOKENS"]["value"]) == rendered.long_prefill_chunk_for_device()
-        assert int(env["SLUICE_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE"]["value"]) == (
-            rendered.batch_prefill_beside_interactive_for_device())
+        for name in DEVICE_DEFAULTS:
+            assert int(env[f"SLUICE_{name.upper()}"]["value"]) == rendered.for_device(name)
 
 
 def test_tenant_limits_render_as_json_the_scheduler_accepts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,14 +51,14 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
             max_num_seqs=settings.max_num_seqs,
             max_model_len_tokens=model.config.max_position_embeddings,
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
-            long_prefill_chunk_tokens=settings.long_prefill_chunk_for_device(),
+            long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
             max_long_prefills_per_step=settings.max_long_prefills_per_step,
             long_prefill_threshold_tokens=settings.long_prefill_threshold_tokens,
             prefill_depth_scale_tokens=(
                 attention_depth_scale_tokens(model.config) if settings.prefill_depth_scale_tokens is None
                 else settings.prefill_depth_scale_tokens
             ),
-            batch_prefill_tokens_beside_interactive=settings.batch_prefill_beside_interactive_for_device(),
+            batch_prefill_tokens_beside_interactive=settings.for_device("batch_prefill_tokens_beside_interactive"),
             interactive_recent_s=settings.interactive_recent_s,
         ),
         BlockManager(num_blocks, settings.block_size_tokens),

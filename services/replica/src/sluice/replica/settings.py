@@ -1,18 +1,30 @@
+from dataclasses import dataclass
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from sluice.config import SluiceSettings
 
 
-CPU_LONG_PREFILL_CHUNK_TOKENS = 128
-CUDA_LONG_PREFILL_CHUNK_TOKENS = 512
-# Batch prefill per step while interactive work is live. On CPU a step's
-# length is what an arriving chat waits out before its own step: 64 kept a
-# flex flood's steps at ~15 ms instead of ~23 (chats' p99 wait at the replica
-# ~30 ms instead of ~40) for ~0.75x of the batch output alone. A GPU step
-# is far shorter per token and wants the throughput.
-CPU_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE = 64
-CUDA_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE = 256
+@dataclass(frozen=True, slots=True)
+class DeviceDefault:
+    cpu: int
+    cuda: int
+
+
+# Step-composition knobs whose default depends on the device (None in the
+# settings means this). On CPU a step's length is what an arriving chat
+# waits out before its own step, and steps have little fixed cost; a GPU
+# step has more fixed cost per launch and wants bigger chunks.
+DEVICE_DEFAULTS = {
+    # 128 kept chats' p99/median inter-token latency at 2.3x beside
+    # near-context prompts where 256 gave 3.5x.
+    "long_prefill_chunk_tokens": DeviceDefault(cpu=128, cuda=512),
+    # 64 kept a flex flood's steps at ~15 ms instead of ~23 beside chats
+    # (their p99 wait at the replica ~30 ms instead of ~40) for ~0.75x of
+    # the batch output alone.
+    "batch_prefill_tokens_beside_interactive": DeviceDefault(cpu=64, cuda=256),
+}
 
 
 class ReplicaSettings(SluiceSettings):
@@ -47,8 +59,8 @@ class ReplicaSettings(SluiceSettings):
     # 2.3x beside near-context prompts where 256 gave 3.5x; a GPU step has
     # more fixed cost per launch and wants bigger chunks.
     long_prefill_chunk_tokens: int | None = Field(
-        None, ge=0, description="cap of one prompt's prefill chunk (ITL/TTFT bound); none = "
-        f"{CPU_LONG_PREFILL_CHUNK_TOKENS} on CPU, {CUDA_LONG_PREFILL_CHUNK_TOKENS} on CUDA; 0 = no cap"
+        None, ge=0, description="cap of one prompt's prefill chunk (ITL/TTFT bound); none = by device "
+        "(DEVICE_DEFAULTS); 0 = no cap"
     )
     max_long_prefills_per_step: int = Field(1, ge=1, description="long prompts (see the threshold) with a chunk per step")
     long_prefill_threshold_tokens: int = Field(
@@ -59,9 +71,8 @@ class ReplicaSettings(SluiceSettings):
         "shape, 0 = chunk size independent of depth"
     )
     batch_prefill_tokens_beside_interactive: int | None = Field(
-        None, ge=0, description="batch prefill tokens per step while interactive work is live; none = "
-        f"{CPU_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE} on CPU, {CUDA_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE} "
-        "on CUDA; 0 = no cap"
+        None, ge=0, description="batch prefill tokens per step while interactive work is live; none = by "
+        "device (DEVICE_DEFAULTS); 0 = no cap"
     )
     interactive_recent_s: float = Field(
         1.0, ge=0, description="interactive work stays live this long after an arrival (batch steps kept short)"
@@ -71,14 +82,10 @@ class ReplicaSettings(SluiceSettings):
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
 
-    def long_prefill_chunk_for_device(self) -> int:
-        if self.long_prefill_chunk_tokens is not None:
-            return self.long_prefill_chunk_tokens
-        return CPU_LONG_PREFILL_CHUNK_TOKENS if self.device == "cpu" else CUDA_LONG_PREFILL_CHUNK_TOKENS
-
-    def batch_prefill_beside_interactive_for_device(self) -> int:
-        if self.batch_prefill_tokens_beside_interactive is not None:
-            return self.batch_prefill_tokens_beside_interactive
-        if self.device == "cpu":
-            return CPU_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE
-        return CUDA_BATCH_PREFILL_TOKENS_BESIDE_INTERACTIVE
+    def for_device(self, name: str) -> int:
+        """A knob of DEVICE_DEFAULTS: its set value, else this device's default."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        default = DEVICE_DEFAULTS[name]
+        return default.cpu if self.device == "cpu" else default.cuda
