@@ -53,11 +53,8 @@ class ReplicaSettings(SluiceSettings):
     interactive_preempt_after_s: float | None = Field(
         0.25, ge=0, description="an interactive request waiting this long for KV or a slot preempts batch; none = off"
     )
-    # See SchedulerConfig. The cap applies also to a prompt alone (whoever
-    # arrives waits one capped step). CPU steps have little fixed cost and
-    # slow attention: 128 kept chats' p99/median inter-token latency at
-    # 2.3x beside near-context prompts where 256 gave 3.5x; a GPU step has
-    # more fixed cost per launch and wants bigger chunks.
+    # See SchedulerConfig and DEVICE_DEFAULTS. The cap applies also to a
+    # prompt alone (whoever arrives waits one capped step).
     long_prefill_chunk_tokens: int | None = Field(
         None, ge=0, description="cap of one prompt's prefill chunk (ITL/TTFT bound); none = by device "
         "(DEVICE_DEFAULTS); 0 = no cap"
