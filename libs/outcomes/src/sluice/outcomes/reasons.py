@@ -35,6 +35,10 @@ class Reason(StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     DUPLICATE_REQUEST = "duplicate_request"
     REQUEST_IN_PROGRESS = "request_in_progress"  # same Idempotency-Key, still running
+    REQUEST_TIMEOUT = "request_timeout"  # the client did not send its request in time
+    # Not an API call at all (the gateway's HTTP edge).
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
     # Nothing to serve it on.
     NO_REPLICA = "no_replica"
     REPLICA_LOST = "replica_lost"
@@ -79,6 +83,9 @@ def _table() -> dict[Reason, Outcome]:
         # The first attempt under the key still runs: retry once it ended
         # (ABORTED is gRPC's "a concurrency conflict, retry at a higher level").
         (Reason.REQUEST_IN_PROGRESS, "ABORTED", 409, True),
+        (Reason.REQUEST_TIMEOUT, "DEADLINE_EXCEEDED", 408, True),
+        (Reason.NOT_FOUND, "NOT_FOUND", 404, False),
+        (Reason.METHOD_NOT_ALLOWED, "UNIMPLEMENTED", 405, False),
         (Reason.NO_REPLICA, "UNAVAILABLE", 503, True),
         (Reason.REPLICA_LOST, "UNAVAILABLE", 503, True),
         (Reason.SCHEDULER_UNAVAILABLE, "UNAVAILABLE", 503, True),
