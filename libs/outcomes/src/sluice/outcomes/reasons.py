@@ -39,6 +39,8 @@ class Reason(StrEnum):
     # Not an API call at all (the gateway's HTTP edge).
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # the gateway process's connection limit
+    CLIENT_CONNECTIONS = "client_connections"  # one client address's connection limit
     # Nothing to serve it on.
     NO_REPLICA = "no_replica"
     REPLICA_LOST = "replica_lost"
@@ -86,6 +88,8 @@ def _table() -> dict[Reason, Outcome]:
         (Reason.REQUEST_TIMEOUT, "DEADLINE_EXCEEDED", 408, True),
         (Reason.NOT_FOUND, "NOT_FOUND", 404, False),
         (Reason.METHOD_NOT_ALLOWED, "UNIMPLEMENTED", 405, False),
+        (Reason.TOO_MANY_CONNECTIONS, "UNAVAILABLE", 503, True),
+        (Reason.CLIENT_CONNECTIONS, "RESOURCE_EXHAUSTED", 429, True),
         (Reason.NO_REPLICA, "UNAVAILABLE", 503, True),
         (Reason.REPLICA_LOST, "UNAVAILABLE", 503, True),
         (Reason.SCHEDULER_UNAVAILABLE, "UNAVAILABLE", 503, True),
