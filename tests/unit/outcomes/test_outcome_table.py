@@ -49,3 +49,13 @@ def test_the_shared_names_of_design_md_keep_their_statuses():
 def test_a_string_outside_the_vocabulary_has_no_outcome():
     assert outcome_of("some_newer_reason") is None
     assert outcome_of("") is None
+
+
+def test_a_stream_that_took_too_long_is_the_readers_408_or_the_deadlines_504():
+    # A client that stopped reading is its own doing (4xx) and no capacity
+    # is contended, so it is not a 429 that would carry a Retry-After.
+    slow = outcome_of("slow_reader")
+    assert (slow.http_status, slow.grpc_status, slow.retryable) == (408, "DEADLINE_EXCEEDED", True)
+    # The same request carries the same passed deadline: a retry cannot help.
+    late = outcome_of("deadline_exceeded")
+    assert (late.http_status, late.grpc_status, late.retryable) == (504, "DEADLINE_EXCEEDED", False)

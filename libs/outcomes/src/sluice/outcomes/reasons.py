@@ -3,6 +3,7 @@
     429 RESOURCE_EXHAUSTED   capacity exists but is contended: retry later
     503 UNAVAILABLE          none exists right now (no replica, one lost)
     400/404/409/413          the request itself is wrong: do not retry as is
+    408/504                  a stream took too long: its reader (408) or its deadline (504)
     401/403                  the caller is not (allowed to be) who it says
 
 Every retryable refusal carries a Retry-After computed by whoever refused.
@@ -48,6 +49,9 @@ class Reason(StrEnum):
     ROUTER_UNAVAILABLE = "router_unavailable"
     LIMITS_UNAVAILABLE = "limits_unavailable"  # the gateway's limits store (Redis)
     LEDGER_UNAVAILABLE = "ledger_unavailable"  # the usage ledger (SQL)
+    # A stream that outlived what it was allowed.
+    SLOW_READER = "slow_reader"  # its reader fell too far behind (a client that stopped reading)
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # the request's own deadline passed while it ran
     # The caller went away; a bug or a failed step.
     CANCELLED = "cancelled"
     ENGINE_ERROR = "engine_error"
@@ -96,6 +100,16 @@ def _table() -> dict[Reason, Outcome]:
         (Reason.ROUTER_UNAVAILABLE, "UNAVAILABLE", 503, True),
         (Reason.LIMITS_UNAVAILABLE, "UNAVAILABLE", 503, True),
         (Reason.LEDGER_UNAVAILABLE, "UNAVAILABLE", 503, True),
+        # The caller stopped reading its stream: its own doing, so a 4xx, and
+        # 408 is HTTP's "the client took too long" (to read here, as
+        # request_timeout is to send). Not 429: nothing is contended, and a
+        # Retry-After would send it back to be cut again. A retry that reads
+        # may succeed.
+        (Reason.SLOW_READER, "DEADLINE_EXCEEDED", 408, True),
+        # GenerateRequest.deadline_unix_s passed before the stream finished:
+        # gRPC's DEADLINE_EXCEEDED, which HTTP spells 504. Not retryable: the
+        # same request carries the same, already past, deadline.
+        (Reason.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED", 504, False),
         (Reason.CANCELLED, "CANCELLED", 499, False),
         (Reason.ENGINE_ERROR, "INTERNAL", 500, True),
         (Reason.INTERNAL_ERROR, "INTERNAL", 500, False),
