@@ -14,6 +14,9 @@ from sluice.devstack.stack import LocalStack, StackPorts
 
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+# Short, so the slowloris tests end quickly; far above any loopback client's needs.
+HTTP_HEADER_TIMEOUT_S = 2.0
+HTTP_BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +42,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, stack_
             "SLUICE_DATABASE_URL": stack_database_url,
             "SLUICE_OUTBOX_PATH": str(log_dir / "outbox.db"),
             "SLUICE_INTERACTIVE_MAX_PROMPT_TOKENS": "2048",  # below the 4096 context, so tests can tell them apart
+            "SLUICE_HTTP_HEADER_TIMEOUT_S": str(HTTP_HEADER_TIMEOUT_S),
+            "SLUICE_HTTP_BODY_TIMEOUT_S": str(HTTP_BODY_TIMEOUT_S),
         },
     )
     local.start()

@@ -4,6 +4,7 @@ import uvicorn
 
 from sluice.config import configure_logging
 from sluice.gateway.app import create_app
+from sluice.gateway.http_edge import EdgeLimits, edge_protocol
 from sluice.gateway.settings import GatewaySettings
 
 
@@ -12,6 +13,11 @@ def main() -> None:
     configure_logging(settings.log_level)
     # uvicorn handles SIGTERM: stop accepting, let responses finish for up
     # to the grace period, then close what is left (cancelling streams).
+    limits = EdgeLimits(
+        header_timeout_s=settings.http_header_timeout_s,
+        max_connections=settings.http_max_connections,
+        max_connections_per_client=settings.http_max_connections_per_client,
+    )
     uvicorn.run(
         create_app(settings),
         host=settings.gateway_host,
@@ -19,6 +25,9 @@ def main() -> None:
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         access_log=False,
+        http=edge_protocol(limits),
+        timeout_keep_alive=int(settings.http_keep_alive_timeout_s),
+        h11_max_incomplete_event_size=settings.http_max_header_bytes,
     )
 
 

@@ -2,15 +2,18 @@
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sluice.gateway.auth import KeyCache
 from sluice.gateway.background import BackgroundTasks
+from sluice.gateway.catch_all import CatchAll
 from sluice.gateway.errors import ApiError
 from sluice.gateway.front_door import FrontDoor
 from sluice.gateway.metrics import GatewayMetrics
@@ -21,11 +24,24 @@ from sluice.gateway.routes import generation, health, models, usage
 from sluice.gateway.settings import GatewaySettings
 from sluice.gateway.state import GatewayState
 from sluice.gateway.tenant_backoff import TenantBackoff
+from sluice.outcomes import Reason
+
+
+# Starlette's own refusals (no route, wrong method) in OpenAI's error shape
+# with a reason code; any other status it raises keeps its own detail.
+HTTP_EXCEPTION_REASONS = {404: Reason.NOT_FOUND, 405: Reason.METHOD_NOT_ALLOWED}
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
-    # Unknown routes and wrong methods still answer in OpenAI's error shape.
-    return ApiError(error.status_code, str(error.detail), None).response()
+    reason = HTTP_EXCEPTION_REASONS.get(error.status_code)
+    if reason is None:
+        return ApiError(error.status_code, str(error.detail), None).response()
+    message = (f"No such API path: {request.url.path}." if reason is Reason.NOT_FOUND
+               else f"{request.method} is not allowed on {request.url.path}.")
+    api_error = ApiError.of(reason, message)
+    if error.headers:  # 405's Allow
+        api_error = replace(api_error, headers=dict(error.headers))
+    return api_error.response()
 
 
 def create_app(settings: GatewaySettings) -> Starlette:
@@ -67,4 +83,5 @@ def create_app(settings: GatewaySettings) -> Starlette:
         Route("/metrics", health.metrics, methods=["GET"]),
         Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error},
+                     middleware=[Middleware(CatchAll)])

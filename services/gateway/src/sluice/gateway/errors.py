@@ -24,6 +24,8 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",  # the client was too slow to send its request
     409: "conflict_error",
     413: "invalid_request_error",
     429: "rate_limit_error",

@@ -1,6 +1,33 @@
-from dataclasses import dataclass
+"""The gateway's Prometheus metrics.
+
+Label values come from known sets only: the `model` label is a name the
+router has admitted or listed (its catalog), else "unknown"; a name a
+client sent is never a label by itself (twenty long made-up names would
+otherwise grow /metrics tenfold, control characters and all).
+"""
+
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+UNKNOWN_MODEL = "unknown"
+# More names than any catalog holds; past it new names are "unknown".
+MAX_MODEL_LABELS = 256
+
+
+@dataclass(slots=True)
+class ModelLabels:
+    """Model names the router vouched for. Written by the event loop only."""
+
+    known: set[str] = field(default_factory=set)
+
+    def learn(self, *names: str) -> None:
+        for name in names:
+            if len(self.known) < MAX_MODEL_LABELS:
+                self.known.add(name)
+
+    def label(self, name: str) -> str:
+        return name if name in self.known else UNKNOWN_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -10,6 +37,7 @@ class GatewayMetrics:
     streams_active: Gauge
     time_to_first_token_seconds: Histogram
     e2e_request_latency_seconds: Histogram
+    models: ModelLabels = field(default_factory=ModelLabels)
 
     @classmethod
     def create(cls) -> "GatewayMetrics":

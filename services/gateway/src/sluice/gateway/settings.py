@@ -15,6 +15,25 @@ class GatewaySettings(SluiceSettings):
     # many characters into a prompt that fits any context we serve.
     max_prompt_chars: int = Field(2_000_000, gt=0, description="longer prompts get 400 before tokenizing")
     keepalive_interval_s: float = Field(10.0, gt=0, description="SSE comment after this long without an event")
+    # The HTTP server's own limits (see http_edge.py; compared with NGINX's
+    # and uvicorn's defaults in docs/runbook.md). A client gets this long to
+    # send its request headers (NGINX client_header_timeout: 60 s; uvicorn:
+    # none) and its body (NGINX: 60 s between reads; uvicorn: none): ample
+    # for any real client, short enough that held connections cost the
+    # sender as much as us.
+    http_header_timeout_s: float = Field(10.0, gt=0, description="request headers not complete by then: 408, closed")
+    http_body_timeout_s: float = Field(30.0, gt=0, description="request body not complete by then: 408")
+    # Above the common load balancers' idle timeouts (60 s), so the balancer
+    # closes an idle connection before we do (uvicorn's 5 s races them).
+    http_keep_alive_timeout_s: float = Field(65.0, gt=0, description="an idle kept-alive connection is closed after")
+    # h11's default; NGINX allows 4 x 8 KiB header lines.
+    http_max_header_bytes: int = Field(16 * 1024, gt=0, description="larger request heads get 400")
+    http_max_connections: int = Field(4096, ge=0, description="open connections per process (then 503); 0 = no limit")
+    # Off behind a proxy (all connections come from its address): limit per
+    # client there instead.
+    http_max_connections_per_client: int = Field(
+        512, ge=0, description="open connections from one address (then 429); 0 = no limit"
+    )
     # Embedded defaults: unset Redis = in-process buckets and idempotency
     # (one gateway); unset database = SQLite under .sluice/.
     redis_url: str | None = Field(

@@ -92,7 +92,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     chat = body_model is ChatCompletionRequest
     try:
         tenant = authenticate(request, state.authenticator)
-        body = parse_body(body_model, await read_json_body(request, state.settings.max_body_bytes))
+        body = parse_body(body_model, await read_json_body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s))
         model = body.model
         if body.prompt_chars() > state.settings.max_prompt_chars:
             raise ApiError.of(
@@ -107,7 +107,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
         admitted = await state.front_door.admit(tenant, key, estimate)
         if isinstance(admitted, StoredResponse):
-            state.metrics.requests_total.labels(model, "200", "replayed").inc()
+            state.metrics.requests_total.labels(state.metrics.models.label(model), "200", "replayed").inc()
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return replay_response(admitted, chat, body.stream, include_usage)
         ticket = admitted
@@ -118,7 +118,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             opened = await _unless_disconnected(request, state.router.open_stream(routed))
         except ClientLeft:
             state.background.spawn(state.front_door.finish(ticket, None))
-            state.metrics.requests_total.labels(model, "499", "client_left_queued").inc()
+            state.metrics.requests_total.labels(state.metrics.models.label(model), "499", "client_left_queued").inc()
             return Response(status_code=499)
         except BaseException as error:
             # Nothing ran on a replica: give back the slot, the key and the estimate.
@@ -128,10 +128,11 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
                 raise from_service_error(error) from None
             raise
     except ApiError as error:
-        state.metrics.requests_total.labels(model, str(error.status), error.code or "error").inc()
+        state.metrics.requests_total.labels(state.metrics.models.label(model), str(error.status), error.code or "error").inc()
         return error.response()
 
     admitted_event = opened.first_event.admitted
+    state.metrics.models.learn(body.model)  # the router admitted it: a catalog name
     fmt = ResponseFormat.for_request(ticket.attempt_id, body.model, admitted_event.model_version, chat)
     # Text is kept for a non-streamed body, and for replay of idempotent requests.
     progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream)

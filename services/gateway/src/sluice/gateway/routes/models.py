@@ -20,9 +20,11 @@ async def _catalog(request: Request) -> router_pb2.ListModelsResponse:
     state: GatewayState = request.app.state.gateway
     authenticate(request, state.authenticator)
     try:
-        return await state.router.list_models()
+        catalog = await state.router.list_models()
     except ServiceError as error:
         raise from_service_error(error) from None
+    state.metrics.models.learn(*(model.id for model in catalog.models))
+    return catalog
 
 
 async def list_models(request: Request) -> Response:

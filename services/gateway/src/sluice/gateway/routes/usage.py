@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = timedelta(days=30)
 GROUPINGS = {None, "model", "day"}
+# Instants a usage query may name: the window arithmetic (a default start
+# 30 days before the end) and every database's timestamp type stay in range.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 
 def _instant(raw: str | None, name: str, default: datetime) -> datetime:
@@ -30,11 +34,18 @@ def _instant(raw: str | None, name: str, default: datetime) -> datetime:
         return default
     try:
         if raw.replace(".", "", 1).isdigit():
-            return datetime.fromtimestamp(float(raw), UTC)
-        parsed = datetime.fromisoformat(raw)
+            parsed = datetime.fromtimestamp(float(raw), UTC)
+        else:
+            parsed = datetime.fromisoformat(raw)
+            parsed = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        in_range = EARLIEST <= parsed <= LATEST
     except (ValueError, OverflowError, OSError):
-        raise ApiError.of(Reason.INVALID_REQUEST, f"'{name}' must be unix seconds or an ISO 8601 time.", param=name)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        raise ApiError.of(Reason.INVALID_REQUEST, f"'{name}' must be unix seconds or an ISO 8601 time.",
+                          param=name) from None
+    if not in_range:
+        raise ApiError.of(Reason.INVALID_REQUEST, f"'{name}' must be between {EARLIEST.date()} and "
+                          f"{LATEST.date()}.", param=name)
+    return parsed
 
 
 async def usage(request: Request) -> Response:
@@ -44,7 +55,7 @@ async def usage(request: Request) -> Response:
         now = datetime.now(UTC)
         params = request.query_params
         end = _instant(params.get("end"), "end", now)
-        start = _instant(params.get("start"), "start", end - DEFAULT_WINDOW)
+        start = _instant(params.get("start"), "start", max(end - DEFAULT_WINDOW, EARLIEST))
         if start > end:
             raise ApiError.of(Reason.INVALID_REQUEST, "'start' must not be after 'end'.", param="start")
         group_by = params.get("group_by") or None

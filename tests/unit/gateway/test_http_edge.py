@@ -1,0 +1,136 @@
+"""The gateway's HTTP edge (uvicorn's h11 protocol with limits) on a real
+uvicorn server on loopback: connection limits answered in OpenAI's error
+shape with Retry-After, headers that never finish answered 408, malformed
+HTTP answered 400 in JSON; and the catch-all's 500 for an unexpected error."""
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from sluice.gateway.catch_all import REQUEST_ID_HEADER, CatchAll
+from sluice.gateway.http_edge import EdgeLimits, edge_protocol
+
+
+async def _ok(request):
+    return PlainTextResponse("ok")
+
+
+async def _boom(request):
+    raise RuntimeError("a bug, with the secret prompt text in no log")
+
+
+APP = Starlette(routes=[Route("/", _ok), Route("/boom", _boom)], middleware=[Middleware(CatchAll)])
+
+
+@contextlib.asynccontextmanager
+async def serving(limits: EdgeLimits):
+    config = uvicorn.Config(APP, host="127.0.0.1", port=0, http=edge_protocol(limits), log_level="warning",
+                            lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10.0)
+
+
+async def _exchange(port: int, data: bytes = b"", wait_s: float = 5.0) -> bytes:
+    """Send `data`, read until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        if data:
+            writer.write(data)
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), wait_s)
+    finally:
+        writer.close()
+
+
+def _error(response: bytes) -> tuple[int, dict, bytes]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body)["error"], head.lower()
+
+
+LIMITS = EdgeLimits(header_timeout_s=0.5, max_connections=0, max_connections_per_client=0)
+
+
+async def test_a_connection_past_the_per_client_limit_gets_429_with_retry_after():
+    async with serving(EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=2)) as port:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        status, error, head = _error(await _exchange(port))
+        assert status == 429 and error["code"] == "client_connections" and error["type"] == "rate_limit_error"
+        assert b"retry-after: 1" in head and b"retry-after-ms: 1000" in head
+        for _, writer in held:
+            writer.close()
+        await asyncio.sleep(0.1)
+        async with httpx.AsyncClient() as client:  # room again once they closed
+            assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
+
+
+async def test_a_connection_past_the_process_limit_gets_503():
+    async with serving(EdgeLimits(header_timeout_s=5.0, max_connections=1, max_connections_per_client=0)) as port:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        status, error, head = _error(await _exchange(port))
+        assert status == 503 and error["code"] == "too_many_connections"
+        assert b"retry-after:" in head
+        writer.close()
+
+
+async def test_headers_that_never_finish_get_408_then_close():
+    async with serving(LIMITS) as port:
+        status, error, _ = _error(await _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n"))
+        assert status == 408 and error["code"] == "request_timeout"
+        assert await _exchange(port) == b""  # nothing sent at all: closed without an answer
+
+
+async def test_a_kept_alive_connection_is_timed_again_for_its_next_request():
+    async with serving(LIMITS) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = await asyncio.wait_for(reader.readuntil(b"ok"), 5.0)
+        assert first.startswith(b"HTTP/1.1 200")
+        writer.write(b"GET / HTTP/1.1\r\n")  # the next request never finishes its headers
+        rest = await asyncio.wait_for(reader.read(), 5.0)
+        writer.close()
+        assert rest.startswith(b"HTTP/1.1 408")
+
+
+async def test_malformed_http_is_a_json_400():
+    async with serving(LIMITS) as port:
+        status, error, head = _error(await _exchange(port, b"NOT HTTP AT ALL\r\n\r\n"))
+        assert status == 400 and error["type"] == "invalid_request_error" and b"application/json" in head
+
+
+async def test_an_unexpected_error_is_one_log_line_and_a_500_naming_a_request_id(caplog):
+    caplog.set_level(logging.ERROR)
+    async with serving(LIMITS) as port:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/boom")
+    assert response.status_code == 500
+    error = response.json()["error"]
+    request_id = response.headers[REQUEST_ID_HEADER]
+    assert error["type"] == "server_error" and error["code"] == "internal_error" and request_id in error["message"]
+    records = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(records) == 1 and request_id in records[0].getMessage()
+
+
+@pytest.mark.parametrize("limits", [LIMITS])
+async def test_ordinary_requests_pass(limits):
+    async with serving(limits) as port:
+        async with httpx.AsyncClient() as client:
+            for _ in range(3):  # one kept-alive connection
+                assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
