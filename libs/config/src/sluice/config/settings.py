@@ -23,6 +23,14 @@ class SluiceSettings(BaseSettings):
     model_name: str = Field("tiny-llama", description="alias clients send as `model`")
     model_version: str = Field("tiny-llama-v1", description="version id; router and replicas must agree")
     log_level: str = Field("INFO", description="Python logging level")
+    # Read by every multiplexed call's caller side (the gateway's router
+    # session, the router's replica sessions). 256 is
+    # sluice.rpc.multiplex_client.DEFAULT_MAX_UNDELIVERED_EVENTS, which says
+    # why (this package imports no rpc; a test keeps the two equal).
+    stream_buffer_events: int = Field(
+        256, ge=1, description="events one stream may hold for a reader that fell behind; past it the request "
+        "is cancelled upstream and ends with slow_reader",
+    )
 
 
 def configure_logging(level: str) -> None:

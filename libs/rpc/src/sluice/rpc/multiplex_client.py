@@ -16,6 +16,13 @@ peer gave none (it went away), with the owner's `lost` reason
 (`replica_lost` for the router's replica sessions, `router_unavailable` for
 the gateway's router session); the next `open` starts a new call.
 
+A request's queue is bounded (`max_undelivered_events`): a reader that
+falls that far behind (a client that stopped reading its SSE stream) has
+its request cancelled at the peer, exactly as its own cancel would, its
+queued events dropped, and reads `slow_reader` next; the other requests
+on the call never notice. Without the bound one stalled reader would grow
+its queue until the generation ended, and nothing would stop it.
+
 gRPC Python spends ~100 us of CPU per message at each end; a relay of one
 message per token per request spends a core on that at a few thousand
 tokens a second. Batching per step is the cure; this class keeps the
@@ -25,6 +32,7 @@ per-request code unaware of it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -36,6 +44,17 @@ from sluice.rpc.errors import ServiceError, from_request_failed, from_rpc_error
 from sluice.v1 import common_pb2
 
 Event = TypeVar("Event")
+
+log = logging.getLogger(__name__)
+
+# Each queued item is one peer step's event for that request (a replica
+# step's token delta, ~10-50 ms of generation on a GPU), so 256 lets a
+# reader fall ~3-13 s behind, on top of what the socket buffers beyond it
+# hold, before it is cut off: far more than a GC pause or a busy event loop
+# costs a healthy reader, and a few hundred small messages per request at
+# most. (An event held here may keep its whole batch message alive; the
+# bound caps that too.)
+DEFAULT_MAX_UNDELIVERED_EVENTS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +88,13 @@ class MultiplexProtocol(Generic[Event]):
 class _Call(Generic[Event]):
     """One bidi call and the requests on it."""
 
-    def __init__(self, protocol: MultiplexProtocol[Event], name: str, lost: Reason) -> None:
+    def __init__(
+        self, protocol: MultiplexProtocol[Event], name: str, lost: Reason, max_undelivered_events: int
+    ) -> None:
         self.protocol = protocol
+        self.name = name
         self.lost = lost
+        self.max_undelivered_events = max_undelivered_events
         self.commands: asyncio.Queue[Any] = asyncio.Queue()
         self.streams: dict[str, asyncio.Queue[Event | ServiceError]] = {}
         self.failed = False
@@ -107,9 +130,31 @@ class _Call(Generic[Event]):
             queue.put_nowait(from_request_failed(failed))
             del self.streams[request_id]
             return
+        last = self.protocol.is_last(event)  # type: ignore[arg-type]
+        # The last event may go one past the bound: the peer's work is done
+        # then, so there is nothing left to stop, and the answer is whole.
+        if not last and queue.qsize() >= self.max_undelivered_events:
+            self._cut_off(request_id, queue)
+            return
         queue.put_nowait(event)  # type: ignore[arg-type]
-        if self.protocol.is_last(event):  # type: ignore[arg-type]
+        if last:
             del self.streams[request_id]
+
+    def _cut_off(self, request_id: str, queue: asyncio.Queue[Event | ServiceError]) -> None:
+        """The request's reader fell too far behind: cancel it at the peer
+        (which frees its KV at the next step), drop what waits unread, and
+        leave the reader the reason."""
+        del self.streams[request_id]
+        self.commands.put_nowait(self.protocol.cancel(request_id))
+        while not queue.empty():
+            queue.get_nowait()
+        log.warning("%s: request %s cancelled, its reader fell %d events behind",
+                    self.name, request_id, self.max_undelivered_events)
+        queue.put_nowait(ServiceError.of(
+            Reason.SLOW_READER,
+            f"The stream was not read fast enough: {self.max_undelivered_events} of its events were waiting "
+            "to be sent, so the request was cancelled.",
+        ))
 
 
 class RequestEvents(Generic[Event]):
@@ -148,18 +193,30 @@ class RequestEvents(Generic[Event]):
 
 
 class MultiplexClient(Generic[Event]):
-    def __init__(self, protocol: MultiplexProtocol[Event], *, lost: Reason, name: str = "multiplex") -> None:
+    def __init__(
+        self,
+        protocol: MultiplexProtocol[Event],
+        *,
+        lost: Reason,
+        name: str = "multiplex",
+        max_undelivered_events: int = DEFAULT_MAX_UNDELIVERED_EVENTS,
+    ) -> None:
         """`lost`: the reason requests fail with when the peer goes away
-        without one of its own (the owner knows which hop that is)."""
+        without one of its own (the owner knows which hop that is).
+        `max_undelivered_events`: how many events a request's reader may
+        leave unread before the request is cancelled as `slow_reader`."""
+        if max_undelivered_events < 1:
+            raise ValueError(f"max_undelivered_events must be at least 1, got {max_undelivered_events}")
         self._protocol = protocol
         self._name = name
         self._lost = lost
+        self._max_undelivered_events = max_undelivered_events
         self._current: _Call[Event] | None = None
 
     def open(self, request: Any) -> RequestEvents[Event]:
         """Send a request; its events arrive on the returned iterator."""
         if self._current is None or self._current.failed:
-            self._current = _Call(self._protocol, self._name, self._lost)
+            self._current = _Call(self._protocol, self._name, self._lost, self._max_undelivered_events)
         return RequestEvents(self._current, request)
 
     async def close(self) -> None:

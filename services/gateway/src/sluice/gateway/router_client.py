@@ -4,7 +4,10 @@ Generation goes over one Router.GenerateMany call per gateway process
 (sluice.rpc.multiplex_client): the router batches every stream's events
 into one message per replica step, which is most of what makes relaying
 tokens cheap. A router that cannot be reached, or goes away mid-stream,
-fails its requests with `router_unavailable` (503, retryable).
+fails its requests with `router_unavailable` (503, retryable). A stream
+whose SSE client stops reading ends with `slow_reader` once
+SLUICE_STREAM_BUFFER_EVENTS of its events wait unsent, and is cancelled
+at the router, which frees the replica's KV.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sluice.config import SluiceSettings
 from sluice.outcomes import Reason
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE
@@ -38,7 +42,13 @@ def _is_last(event: router_pb2.GenerateEvent) -> bool:
 
 
 class RouterClient:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, max_undelivered_events: int | None = None) -> None:
+        """`max_undelivered_events`: how far one stream's reader may fall
+        behind before its request is cancelled; None reads the shared
+        setting (SLUICE_STREAM_BUFFER_EVENTS, validated with the rest of the
+        gateway's settings at start), once, here."""
+        if max_undelivered_events is None:
+            max_undelivered_events = SluiceSettings().stream_buffer_events
         self._channel = insecure_channel(address)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
@@ -52,6 +62,7 @@ class RouterClient:
             ),
             lost=Reason.ROUTER_UNAVAILABLE,
             name="router-session",
+            max_undelivered_events=max_undelivered_events,
         )
 
     async def open_stream(self, request: router_pb2.GenerateRequest) -> OpenedStream:

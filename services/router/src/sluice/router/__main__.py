@@ -41,7 +41,7 @@ async def serve(settings: RouterSettings) -> None:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
     models = build_registry(settings)
     placement = PlacementClient(settings.scheduler_address)
-    replicas = ReplicaChannels()
+    replicas = ReplicaChannels(settings.stream_buffer_events)
     caps = {
         common_pb2.SERVICE_CLASS_UNSPECIFIED: settings.interactive_max_prompt_tokens,
         common_pb2.SERVICE_CLASS_INTERACTIVE: settings.interactive_max_prompt_tokens,
