@@ -21,7 +21,7 @@ def make_scheduler():
 def make_request():
     def make(request_id: str, prompt_len: int = 6, max_output: int = 4, *, service_class=ServiceClass.INTERACTIVE,
              eos: frozenset[int] = frozenset(), ignore_eos: bool = False, min_tokens: int = 0,
-             tenant: str = "", prompt: tuple[int, ...] | None = None) -> EngineRequest:
+             tenant: str = "", prompt: tuple[int, ...] | None = None, cache_salt: str = "") -> EngineRequest:
         return EngineRequest(
             request_id=request_id,
             prompt_token_ids=prompt if prompt is not None else tuple(range(1, prompt_len + 1)),
@@ -29,5 +29,6 @@ def make_request():
                             min_tokens=min_tokens),
             service_class=service_class,
             fairness_key=tenant,
+            cache_salt=cache_salt,
         )
     return make

@@ -142,6 +142,19 @@ def test_a_shared_prefix_is_computed_once_and_reported(make_scheduler, make_requ
     assert scheduler.blocks.prefix_cache_queried_tokens_total == 13 + 14
 
 
+def test_requests_of_different_cache_salts_never_share_blocks(make_scheduler, make_request):
+    scheduler = make_scheduler(block_size=4, budget=64)
+    shared = tuple(range(1, 13))  # 3 full blocks
+    scheduler.add(make_request("mine", prompt=shared + (40,), max_output=3, cache_salt="tenant:a"))
+    _run_step(scheduler, 0)
+    scheduler.add(make_request("theirs", prompt=shared + (50,), max_output=2, cache_salt="tenant:b"))
+    scheduler.add(make_request("mine-again", prompt=shared + (60,), max_output=2, cache_salt="tenant:a"))
+    plan, _ = _run_step(scheduler, 1)
+    starts = {c.request_id: c.start_position for c in plan.chunks}
+    assert starts["theirs"] == 0  # the same tokens, another scope: computed afresh
+    assert starts["mine-again"] == 12  # its own scope's blocks hit
+
+
 def test_a_prompt_that_is_entirely_cached_still_computes_its_last_token(make_scheduler, make_request):
     scheduler = make_scheduler(block_size=4, budget=64)
     prompt = tuple(range(1, 9))  # exactly 2 blocks

@@ -20,9 +20,20 @@ from typing import NewType
 BlockHash = NewType("BlockHash", bytes)
 
 DIGEST_SIZE_BYTES = 16
-# Parent of a sequence's first block. Salting it (e.g. per tenant) would
-# isolate caches; today every request shares one root.
+# Parent of a sequence's first block when its cache is shared with everyone.
 ROOT_BLOCK_HASH = BlockHash(b"sluice-kv-prefix")
+
+
+def root_block_hash(cache_salt: str) -> BlockHash:
+    """The parent of a sequence's first block in the cache scope `cache_salt`
+    names ("" = shared by all). Requests with different salts never hit each
+    other's blocks, so one tenant cannot learn from a fast first token that
+    another sent the same prompt."""
+    if not cache_salt:
+        return ROOT_BLOCK_HASH
+    digest = hashlib.blake2b(ROOT_BLOCK_HASH, digest_size=DIGEST_SIZE_BYTES)
+    digest.update(cache_salt.encode("utf-8", "surrogatepass"))
+    return BlockHash(digest.digest())
 
 
 def hash_block_tokens(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
@@ -31,9 +42,11 @@ def hash_block_tokens(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
     return BlockHash(digest.digest())
 
 
-def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size_tokens: int) -> None:
+def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block_size_tokens: int,
+                        root: BlockHash = ROOT_BLOCK_HASH) -> None:
     """Append the hashes of blocks that became full since `hashes` was last
-    extended. Tokens are only ever appended, so earlier hashes stay valid."""
+    extended (the first block's parent is `root`, see root_block_hash).
+    Tokens are only ever appended, so earlier hashes stay valid."""
     for start in range(len(hashes) * block_size_tokens, len(token_ids) - block_size_tokens + 1, block_size_tokens):
-        parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
+        parent = hashes[-1] if hashes else root
         hashes.append(hash_block_tokens(parent, token_ids[start : start + block_size_tokens]))

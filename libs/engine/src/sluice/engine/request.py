@@ -49,6 +49,7 @@ class EngineRequest:
     stop: StopPolicy
     service_class: ServiceClass = ServiceClass.INTERACTIVE
     fairness_key: str = ""  # opaque tenant key; prefill rotates across keys
+    cache_salt: str = ""    # prefix-cache scope (block_hash.root_block_hash); "" = shared
     sampling: Any = None    # interpreted by the model runner only
     arrival_s: float = 0.0
 

@@ -6,7 +6,7 @@ Only `IterationScheduler` writes these fields; everyone else reads outputs.
 import enum
 from dataclasses import dataclass, field
 
-from sluice.engine.block_hash import BlockHash, extend_block_hashes
+from sluice.engine.block_hash import BlockHash, extend_block_hashes, root_block_hash
 from sluice.engine.request import EngineRequest, FinishReason
 
 
@@ -29,8 +29,10 @@ class Sequence:
     arrival_s: float = 0.0
     # Prompt then outputs, one list so block hashing can slice it cheaply.
     all_token_ids: list[int] = field(init=False)
-    # Hashes of every full block of all_token_ids (computed or not).
+    # Hashes of every full block of all_token_ids (computed or not), chained
+    # from the root of the request's cache scope.
     block_hashes: list[BlockHash] = field(default_factory=list)
+    _root_hash: BlockHash = field(init=False, repr=False)
     # Tokens whose K/V are in the cache. The sequence catches up to
     # num_tokens step by step; a decode is simply num_tokens - 1 computed.
     num_computed_tokens: int = 0
@@ -47,7 +49,8 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
-        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens)
+        self._root_hash = root_block_hash(self.request.cache_salt)
+        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens, self._root_hash)
 
     @property
     def request_id(self) -> str:
@@ -83,4 +86,4 @@ class Sequence:
 
     def append_output(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
-        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens)
+        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens, self._root_hash)

@@ -60,6 +60,7 @@ def engine_request(request: replica_pb2.TokenRequest, config: LlamaConfig) -> En
         ),
         service_class=SERVICE_CLASSES.get(request.service_class, ServiceClass.INTERACTIVE),
         fairness_key=request.fairness_key,
+        cache_salt=request.cache_salt,
         sampling=sampling,
         arrival_s=time.monotonic(),
     )
