@@ -49,7 +49,7 @@ async def serve(settings: RouterSettings) -> None:
     }
     relay = Relay(
         models, placement, replicas, metrics, settings.placement_timeout_s, caps, settings.kv_block_size_tokens,
-        TenantGate(settings.tokenize_per_tenant),
+        TenantGate(settings.tokenize_per_tenant), settings.stream_stall_timeout_s,
     )
     servicer = RouterServicer(relay, models)
     server = HealthServer(

@@ -6,8 +6,9 @@
       -> Finished (or Error after the stream started)
 
 The replica request is cancelled whenever this generator stops early: a stop
-string matched, or the caller (gateway) cancelled us. Either way the
-scheduler gets the reservation back.
+string matched, the caller (gateway) cancelled us, the replica sent nothing
+for the stall timeout, or the request's deadline passed (ProgressWatch).
+Every way the scheduler gets the reservation back.
 """
 
 import asyncio
@@ -21,6 +22,7 @@ from sluice.router.limits import check_class_prompt_cap, output_budget_tokens
 from sluice.router.metrics import RouterMetrics
 from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
+from sluice.router.progress_watch import DEFAULT_STALL_TIMEOUT_S, ProgressWatch, StreamTimeout
 from sluice.router.replica_channels import ReplicaChannels
 from sluice.router.tenant_gate import DEFAULT_PER_TENANT, TenantGate
 from sluice.engine.block_hash import BlockHash, extend_block_hashes
@@ -79,6 +81,7 @@ class Relay:
         prompt_caps_tokens: dict[int, int] | None = None,
         kv_block_size_tokens: int = 16,
         tokenize_gate: TenantGate | None = None,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
         self._models = models
         self._placement = placement
@@ -89,6 +92,7 @@ class Relay:
         self._prompt_caps_tokens = prompt_caps_tokens or {}
         self._kv_block_size_tokens = kv_block_size_tokens
         self._tokenize_gate = tokenize_gate or TenantGate(DEFAULT_PER_TENANT)
+        self._stall_timeout_s = stall_timeout_s
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
@@ -174,7 +178,7 @@ class Relay:
         cached_tokens = 0
         started_s = time.monotonic()
         try:
-            async for event in events:
+            async for event in ProgressWatch(events, self._stall_timeout_s, request.deadline_unix_s):
                 if event.WhichOneof("event") == "tokens":
                     token_ids = list(event.tokens.token_ids)
                     if not num_output_tokens and token_ids:
@@ -201,6 +205,12 @@ class Relay:
                     )
                     return
             yield _error(Reason.REPLICA_LOST, "The model replica ended the stream without finishing; retry the request.")
+        except StreamTimeout as ended:  # the finally cancels the replica's call
+            log.warning(
+                "request %s on replica %s ended after %.2fs: %s",
+                request.request_id, dispatch.replica_id, time.monotonic() - started_s, ended.info.message,
+            )
+            yield _error(ended.info.reason, ended.info.message)
         except ServiceError as failure:
             # Our own cancellation arrives as asyncio.CancelledError, not here:
             # a failure here means the replica refused or failed the request, or

@@ -1,6 +1,7 @@
 from pydantic import Field
 
 from sluice.config import SluiceSettings
+from sluice.router.progress_watch import DEFAULT_STALL_TIMEOUT_S
 from sluice.router.tenant_gate import DEFAULT_PER_TENANT
 
 
@@ -23,4 +24,10 @@ class RouterSettings(SluiceSettings):
     )
     tokenize_per_tenant: int = Field(
         DEFAULT_PER_TENANT, ge=1, description="one tenant's prompts tokenized at once (the rest wait their turn, not the others')"
+    )
+    # Why 30 s: where the default lives (progress_watch).
+    stream_stall_timeout_s: float = Field(
+        DEFAULT_STALL_TIMEOUT_S, gt=0,
+        description="a stream whose replica sends nothing for this long is cancelled there and ends with "
+        "replica_lost (retryable)",
     )
