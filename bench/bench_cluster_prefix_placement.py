@@ -40,6 +40,9 @@ ENV = {
     "SLUICE_TORCH_THREADS": "1",  # two replicas on two cores
     "SLUICE_TENANT_MAX_KV_SHARE": "1.0",
     "SLUICE_PREFIX_LOAD_MARGIN": "0.25",
+    # The tenants here share their system prompts on purpose: the platform
+    # opts them into one cache (by default each tenant caches apart).
+    "SLUICE_PREFIX_CACHE_SCOPE": "shared",
 }
 
 

@@ -18,6 +18,7 @@ from sluice.router.relay import Relay
 from sluice.router.replica_channels import ReplicaChannels
 from sluice.router.servicer import RouterServicer
 from sluice.router.settings import RouterSettings
+from sluice.router.cache_scope import CacheScope
 from sluice.router.tenant_gate import TenantGate
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
@@ -50,6 +51,7 @@ async def serve(settings: RouterSettings) -> None:
     relay = Relay(
         models, placement, replicas, metrics, settings.placement_timeout_s, caps, settings.kv_block_size_tokens,
         TenantGate(settings.tokenize_per_tenant), settings.stream_stall_timeout_s,
+        CacheScope(shared=settings.prefix_cache_scope == "shared", groups=settings.prefix_cache_groups),
     )
     servicer = RouterServicer(relay, models)
     server = HealthServer(

@@ -24,8 +24,9 @@ from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
 from sluice.router.progress_watch import DEFAULT_STALL_TIMEOUT_S, ProgressWatch, StreamTimeout
 from sluice.router.replica_channels import ReplicaChannels
+from sluice.router.cache_scope import CacheScope
 from sluice.router.tenant_gate import DEFAULT_PER_TENANT, TenantGate
-from sluice.engine.block_hash import BlockHash, extend_block_hashes
+from sluice.engine.block_hash import BlockHash, extend_block_hashes, root_block_hash
 from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
 from sluice.tokenization.detokenizer import IncrementalDetokenizer
@@ -57,17 +58,18 @@ def tokenize(version: LoadedVersion, request: router_pb2.GenerateRequest) -> lis
     return tokenizer.encode(request.prompt_text, add_special_tokens=True)
 
 
-def prompt_block_hashes(prompt_ids: list[int], block_size_tokens: int) -> list[bytes]:
-    """The prompt's full-block prefix hashes, by the engine's own function,
-    so the scheduler can match them against what replicas report cached."""
+def prompt_block_hashes(prompt_ids: list[int], block_size_tokens: int, cache_salt: str = "") -> list[bytes]:
+    """The prompt's full-block prefix hashes in its cache scope, by the
+    engine's own function, so the scheduler can match them against what
+    replicas report cached."""
     hashes: list[BlockHash] = []
-    extend_block_hashes(hashes, prompt_ids, block_size_tokens)
+    extend_block_hashes(hashes, prompt_ids, block_size_tokens, root_block_hash(cache_salt))
     return hashes
 
 
-def _prepare(version: LoadedVersion, request: router_pb2.GenerateRequest, block_size_tokens: int):
+def _prepare(version: LoadedVersion, request: router_pb2.GenerateRequest, block_size_tokens: int, cache_salt: str):
     prompt_ids = tokenize(version, request)
-    return prompt_ids, prompt_block_hashes(prompt_ids, block_size_tokens)
+    return prompt_ids, prompt_block_hashes(prompt_ids, block_size_tokens, cache_salt)
 
 
 class Relay:
@@ -82,6 +84,7 @@ class Relay:
         kv_block_size_tokens: int = 16,
         tokenize_gate: TenantGate | None = None,
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        cache_scope: CacheScope | None = None,
     ) -> None:
         self._models = models
         self._placement = placement
@@ -93,6 +96,7 @@ class Relay:
         self._kv_block_size_tokens = kv_block_size_tokens
         self._tokenize_gate = tokenize_gate or TenantGate(DEFAULT_PER_TENANT)
         self._stall_timeout_s = stall_timeout_s
+        self._cache_scope = cache_scope or CacheScope()
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
@@ -102,7 +106,8 @@ class Relay:
             # loop free, and one tenant's burst out of the others' way.
             async with self._tokenize_gate.hold(request.tenant, request.service_class):
                 prompt_ids, block_hashes = await asyncio.to_thread(
-                    _prepare, version, request, self._kv_block_size_tokens)
+                    _prepare, version, request, self._kv_block_size_tokens,
+                    self._cache_scope.salt_for(request.tenant))
             check_class_prompt_cap(
                 len(prompt_ids), self._prompt_caps_tokens.get(request.service_class, 0),
                 "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive",
@@ -170,6 +175,7 @@ class Relay:
                 service_class=request.service_class,
                 fairness_key=request.tenant,
                 lease=dispatch.lease,
+                cache_salt=self._cache_scope.salt_for(request.tenant),
             )
         )
         detokenizer = IncrementalDetokenizer(version.tokenizer)

@@ -1,3 +1,5 @@
+from typing import Literal
+
 from pydantic import Field
 
 from sluice.config import SluiceSettings
@@ -24,6 +26,14 @@ class RouterSettings(SluiceSettings):
     )
     tokenize_per_tenant: int = Field(
         DEFAULT_PER_TENANT, ge=1, description="one tenant's prompts tokenized at once (the rest wait their turn, not the others')"
+    )
+    # See cache_scope.py: by default no tenant's request hits another's
+    # cached prefix (a hit is visible as a faster first token).
+    prefix_cache_scope: Literal["tenant", "shared"] = Field(
+        "tenant", description="tenant: each tenant (or group) caches apart; shared: one prefix cache for all"
+    )
+    prefix_cache_groups: dict[str, str] = Field(
+        default_factory=dict, description='JSON {"tenant": "group"}: tenants of one group share their prefix cache'
     )
     # Why 30 s: where the default lives (progress_watch).
     stream_stall_timeout_s: float = Field(
