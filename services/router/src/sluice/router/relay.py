@@ -35,6 +35,8 @@ from sluice.v1 import common_pb2, replica_pb2, router_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_ALIAS = "unknown"
+
 FINISH_NAMES = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
@@ -100,6 +102,8 @@ class Relay:
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
+        # A metric label names a catalog alias, never a string a client sent.
+        alias_label = alias if alias in self._models.aliases else UNKNOWN_ALIAS
         try:
             version = self._models.resolve(alias, request.request_id)
             # Tokenizing and hashing a long prompt take milliseconds: keep the
@@ -132,7 +136,7 @@ class Relay:
             )
         except ServiceError as error:
             self._metrics.rejections_total.labels(error.info.reason).inc()
-            self._metrics.requests_total.labels(alias, "rejected").inc()
+            self._metrics.requests_total.labels(alias_label, "rejected").inc()
             raise
 
         self._metrics.streams_active.labels(alias).inc()
