@@ -10,6 +10,11 @@ get: a pump task reads the source, and one timer per stream (re-armed only
 when it fires) decides on heartbeats. (A read with a timeout per item, i.e.
 a task and a timer handle per token, cost more than the rest of the SSE path.)
 The source is read until the consumer stops; then the pending read is cancelled.
+
+The pump reads one item ahead, no more: a consumer that stops (an SSE
+client that stopped reading holds back the writes) leaves the rest in the
+source, whose own bound then ends the stream (the router session's
+`slow_reader`). A queue of its own here would hide that consumer, and grow.
 """
 
 import asyncio
@@ -24,23 +29,25 @@ _END = object()
 
 async def with_heartbeat(items: AsyncIterator[T], interval_s: float) -> AsyncIterator[T | None]:
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue()
+    # One slot: an item, a heartbeat or the end waits for the consumer.
+    queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue(maxsize=1)
     last_sent_s = loop.time()
 
     async def pump() -> None:
         try:
             async for item in items:
-                queue.put_nowait((item, None))
+                await queue.put((item, None))
         except Exception as error:  # the consumer sees it where it reads
-            queue.put_nowait((_END, error))
+            await queue.put((_END, error))
             return
-        queue.put_nowait((_END, None))
+        await queue.put((_END, None))
 
     def tick() -> None:
         nonlocal timer, last_sent_s
         now_s = loop.time()
         if now_s - last_sent_s >= interval_s:
-            queue.put_nowait((_HEARTBEAT, None))
+            if queue.empty():  # else the consumer has something to send already
+                queue.put_nowait((_HEARTBEAT, None))
             last_sent_s = now_s
         timer = loop.call_at(last_sent_s + interval_s, tick)
 
