@@ -488,7 +488,8 @@ def test_skaffold_builds_both_images_and_deploys_this_chart() -> None:
 
 # Fields every service shares, or that the chart sets from its topology.
 _NOT_ADMISSION_KNOBS = {"replica_addresses", "router_address", "scheduler_address", "metrics_host", "metrics_port",
-                        "shutdown_grace_s", "model_dir", "model_name", "model_version", "log_level"}
+                        "shutdown_grace_s", "model_dir", "model_name", "model_version", "log_level",
+                        "stream_buffer_events"}
 
 
 def _env_values(container: dict) -> dict[str, str]:
