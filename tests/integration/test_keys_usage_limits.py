@@ -2,6 +2,7 @@
 against the ledger in Postgres, through the real stack."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -170,3 +171,28 @@ def test_tenants_may_use_the_same_idempotency_key(stack, stack_database_url):
         extra_headers={"Idempotency-Key": key}, extra_body={"ignore_eos": True}) for c in clients]
     assert [r.headers.get("x-sluice-idempotent-replay") for r in results] == [None, None]  # both ran
     assert all(r.parse().usage.completion_tokens == 3 for r in results)
+
+
+def test_rate_limit_headers_report_the_tenants_buckets(stack, stack_database_url):
+    c = client(stack, create_key(stack_database_url, f"t-{uuid.uuid4().hex[:8]}",
+                                 "--requests-per-minute", "4", "--tokens-per-minute", "10000"))
+    wait_until_accepted(c)  # the first of the four requests
+    raw = c.chat.completions.with_raw_response.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    headers = raw.headers
+    assert headers["x-ratelimit-limit-requests"] == "4" and headers["x-ratelimit-limit-tokens"] == "10000"
+    assert headers["x-ratelimit-remaining-requests"] == "2"
+    assert 9_900 < int(headers["x-ratelimit-remaining-tokens"]) < 10_000
+    assert re.fullmatch(r"\d+(\.\d+)?s", headers["x-ratelimit-reset-requests"])  # 2 requests at 4/min: ~30 s
+    assert re.fullmatch(r"\d+(ms|(\.\d+)?s)", headers["x-ratelimit-reset-tokens"])
+    with c.chat.completions.with_streaming_response.create(
+            model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True) as stream:
+        assert stream.headers["x-ratelimit-remaining-requests"] == "1"
+        for _ in stream.iter_lines():
+            pass
+    chat(c, max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as refused:
+        chat(c, max_tokens=1)
+    refusal = refused.value.response.headers
+    assert refusal["x-ratelimit-remaining-requests"] == "0" and refusal["x-ratelimit-limit-requests"] == "4"
+    assert "retry-after-ms" in refusal

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from sluice.limits import (
+    BucketStatus,
     InProcessRateLimiter,
     RedisRateLimiter,
     Refusal,
@@ -149,3 +150,39 @@ async def test_a_lowered_limit_applies_at_once(limiter):
     lowered = TenantLimits(tokens_per_minute=100)
     assert isinstance(await limiter.reserve("acme", lowered, 100), Reservation)
     assert isinstance(await limiter.reserve("acme", lowered, 1), Refusal)
+
+
+async def test_a_reservation_reports_both_buckets_after_taking(limiter, clock):
+    limits = TenantLimits(tokens_per_minute=1000, requests_per_minute=60)
+    first = await limiter.reserve("acme", limits, 250)
+    assert isinstance(first, Reservation)
+    assert first.status.tokens == BucketStatus(1000, pytest.approx(750))
+    assert first.status.requests == BucketStatus(60, pytest.approx(59))
+    assert first.status.tokens.reset_s == pytest.approx(15.0)  # 250 tokens at 1000/60 per second
+    clock.advance(3.0)  # 50 tokens and 3 requests refilled
+    second = await limiter.reserve("acme", limits, 100)
+    assert second.status.tokens.remaining == pytest.approx(700)
+    assert second.status.requests.remaining == pytest.approx(60 - 1)
+    headers = second.status.headers()
+    assert headers == {
+        "x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "700", "x-ratelimit-reset-tokens": "18s",
+    }
+
+
+async def test_a_refusal_reports_the_buckets_as_they_stand(limiter):
+    limits = TenantLimits(tokens_per_minute=1000, requests_per_minute=60)
+    assert isinstance(await limiter.reserve("acme", limits, 900), Reservation)
+    refusal = await limiter.reserve("acme", limits, 200)
+    assert isinstance(refusal, Refusal)
+    assert refusal.rate_status.tokens.remaining == pytest.approx(100)  # nothing taken by the refusal
+    assert refusal.rate_status.requests.remaining == pytest.approx(59)
+
+
+async def test_a_tenant_without_a_limit_reports_no_bucket(limiter):
+    only_rpm = await limiter.reserve("acme", TenantLimits(requests_per_minute=10), 10**6)
+    assert only_rpm.status.tokens is None and only_rpm.status.requests.limit == 10
+    assert set(only_rpm.status.headers()) == {
+        "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"}
+    assert (await limiter.reserve("acme", TenantLimits(), 5)).status.headers() == {}

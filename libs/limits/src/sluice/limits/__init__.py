@@ -39,9 +39,12 @@ from sluice.limits.limiter import (
     Reservation,
     TenantLimits,
 )
+from sluice.limits.rate_status import BucketStatus, RateLimitStatus
 from sluice.limits.refusal import Refusal
 
 __all__ = [
+    "BucketStatus",
+    "RateLimitStatus",
     "CHARS_PER_TOKEN",
     "Began",
     "Clock",

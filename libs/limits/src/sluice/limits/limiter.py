@@ -25,7 +25,8 @@ from redis.asyncio import Redis
 
 from sluice.limits._keys import LUA_NOW, clock_arg, tenant_key
 from sluice.limits.clock import Clock
-from sluice.limits.bucket import BucketState, TakeResult, credit, full_bucket, try_take
+from sluice.limits.bucket import BucketState, TakeResult, credit, full_bucket, refill, try_take
+from sluice.limits.rate_status import BucketStatus, RateLimitStatus
 from sluice.limits.refusal import Refusal
 
 
@@ -54,6 +55,7 @@ class Reservation:
     tenant: str
     limits: TenantLimits
     estimated_tokens: int
+    status: RateLimitStatus = RateLimitStatus()  # the buckets after taking (the rate-limit headers)
 
 
 class RateLimiter(Protocol):
@@ -99,7 +101,8 @@ def _settle_delta(reservation: Reservation, actual_tokens: int) -> int:
 
 
 def _rate_refusal(
-    tenant: str, limit: str, limit_value: int, remaining: float, requested: int, retry_after_s: float
+    tenant: str, limit: str, limit_value: int, remaining: float, requested: int, retry_after_s: float,
+    status: RateLimitStatus,
 ) -> Refusal:
     label = "tokens per min (TPM)" if limit == "tokens" else "requests per min (RPM)"
     return Refusal(
@@ -111,6 +114,7 @@ def _rate_refusal(
             f"Remaining {max(0, math.floor(remaining))}, Requested {requested}. "
             f"Please try again in {retry_after_s:.3g}s."
         ),
+        rate_status=status,
     )
 
 
@@ -163,15 +167,20 @@ class InProcessRateLimiter:
         refused = [c for c in checks if not c.result.allowed]
         if refused:
             # Both buckets must allow it, so the longer wait is the real one
-            # (ties name the token limit, as the Lua script does).
+            # (ties name the token limit, as the Lua script does). Nothing
+            # was taken: the status is the buckets as they stand.
+            now = {c.name: BucketStatus(c.limit, refill(c.buckets.get(tenant) or full_bucket(c.limit, now_s), c.limit,
+                                                          now_s).tokens) for c in checks}
             worst = max(refused, key=lambda c: c.result.retry_after_s)
             return _rate_refusal(
                 tenant, worst.name, worst.limit, worst.result.state.tokens, worst.amount,
-                worst.result.retry_after_s,
+                worst.result.retry_after_s, RateLimitStatus(now.get("tokens"), now.get("requests")),
             )
+        taken = {c.name: BucketStatus(c.limit, c.result.state.tokens) for c in checks}
         for check in checks:
             check.buckets[tenant] = check.result.state
-        return Reservation(tenant=tenant, limits=limits, estimated_tokens=estimated_tokens)
+        return Reservation(tenant=tenant, limits=limits, estimated_tokens=estimated_tokens,
+                           status=RateLimitStatus(taken.get("tokens"), taken.get("requests")))
 
     async def settle(self, reservation: Reservation, actual_tokens: int) -> None:
         tpm = reservation.limits.tokens_per_minute
@@ -220,7 +229,8 @@ end
 """
 
 # KEYS: token bucket, request bucket. ARGV: now_s|'', tpm|'', rpm|'', tokens.
-# Returns {'ok'} or {'refused', limit, retry_after_s, remaining}.
+# Returns {'ok', tokens_left|'', requests_left|''} or
+# {'refused', limit, retry_after_s, remaining, tokens_now|'', requests_now|''}.
 _RESERVE_LUA = _LUA_PRELUDE + """
 local amount = tonumber(ARGV[4])
 local checks = {
@@ -241,13 +251,17 @@ for _, c in ipairs(checks) do
     end
   end
 end
+local function level(c, taken)
+  if not c[2] then return '' end
+  return fmt(c[5] - taken)
+end
 if worst_wait ~= nil then
-  return {'refused', worst_name, fmt(worst_wait), fmt(worst_remaining)}
+  return {'refused', worst_name, fmt(worst_wait), fmt(worst_remaining), level(checks[1], 0), level(checks[2], 0)}
 end
 for _, c in ipairs(checks) do
   if c[2] then store(c[1], c[2], c[5] - c[3], c[6]) end
 end
-return {'ok'}
+return {'ok', level(checks[1], checks[1][3]), level(checks[2], checks[2][3])}
 """
 
 # KEYS: token bucket. ARGV: now_s|'', tpm, delta (estimate - actual).
@@ -262,6 +276,13 @@ return 1
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _status(tpm: int | None, rpm: int | None, tokens_left: bytes | str, requests_left: bytes | str) -> RateLimitStatus:
+    """The script's bucket levels ('' where the tenant has no such limit)."""
+    def bucket(limit: int | None, left: bytes | str) -> BucketStatus | None:
+        return None if limit is None or not _text(left) else BucketStatus(limit, float(_text(left)))
+    return RateLimitStatus(bucket(tpm, tokens_left), bucket(rpm, requests_left))
 
 
 class RedisRateLimiter:
@@ -299,12 +320,14 @@ class RedisRateLimiter:
                   estimated_tokens],
         )
         if _text(reply[0]) == "ok":
-            return Reservation(tenant=tenant, limits=limits, estimated_tokens=estimated_tokens)
+            return Reservation(tenant=tenant, limits=limits, estimated_tokens=estimated_tokens,
+                               status=_status(tpm, rpm, reply[1], reply[2]))
         name = _text(reply[1])
         limit_value = tpm if name == "tokens" else rpm
         requested = estimated_tokens if name == "tokens" else 1
         return _rate_refusal(
-            tenant, name, limit_value, float(_text(reply[3])), requested, float(_text(reply[2]))
+            tenant, name, limit_value, float(_text(reply[3])), requested, float(_text(reply[2])),
+            _status(tpm, rpm, reply[4], reply[5]),
         )
 
     async def settle(self, reservation: Reservation, actual_tokens: int) -> None:

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from sluice.limits.rate_status import RateLimitStatus
+
 RefusalReason = Literal["rate_limit_exceeded", "tenant_concurrency"]
 LimitName = Literal["tokens", "requests", "concurrent_requests"]
 
@@ -27,6 +29,9 @@ class Refusal:
     limit: LimitName
     retry_after_s: float | None
     message: str
+    # The rate buckets as they stand (the rate-limit headers); empty for a
+    # concurrency refusal or a request larger than the whole bucket.
+    rate_status: RateLimitStatus = RateLimitStatus()
 
     def retry_after_header(self) -> str | None:
         """The HTTP `Retry-After` value: whole seconds, rounded up, at least 1

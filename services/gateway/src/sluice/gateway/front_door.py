@@ -22,7 +22,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from sluice.gateway.auth import Tenant
@@ -103,9 +103,11 @@ def idempotency_key_from(header: str | None) -> str | None:
 
 
 def _refused(refusal: Refusal) -> ApiError:
-    """A bucket or concurrency refusal (sluice.limits names a Reason)."""
-    return error_for_reason(refusal.reason, refusal.message, status_if_unknown=429,
-                            retry_after_s=refusal.retry_after_s)
+    """A bucket or concurrency refusal (sluice.limits names a Reason), with
+    the rate-limit headers where the buckets answered."""
+    error = error_for_reason(refusal.reason, refusal.message, status_if_unknown=429,
+                             retry_after_s=refusal.retry_after_s)
+    return replace(error, headers={**error.headers, **refusal.rate_status.headers()})
 
 
 class FrontDoor:

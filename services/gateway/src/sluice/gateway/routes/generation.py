@@ -44,11 +44,20 @@ UNBOUNDED_OUTPUT_ESTIMATE_TOKENS = 512
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, ChatCompletionRequest)
+    return _with_rate_limit_headers(request, await _generate(request, ChatCompletionRequest))
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, CompletionRequest)
+    return _with_rate_limit_headers(request, await _generate(request, CompletionRequest))
+
+
+def _with_rate_limit_headers(request: Request, response: Response) -> Response:
+    """OpenAI's x-ratelimit-* headers on every answer to a request that
+    took from the tenant's buckets (a refusal by them carries its own)."""
+    headers = getattr(request.state, "rate_limit_headers", None)
+    if headers:
+        response.headers.update(headers)
+    return response
 
 
 @dataclass(slots=True)
@@ -111,6 +120,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return replay_response(admitted, chat, body.stream, include_usage)
         ticket = admitted
+        request.state.rate_limit_headers = ticket.reservation.status.headers()
         try:
             routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens)
             # A request may queue in the scheduler for a while before its
