@@ -214,3 +214,33 @@ def test_prompts_between_the_cap_and_the_long_threshold_are_chunked_but_not_one_
     scheduler.add(make_request("long", max_output=2, tenant="d", prompt=own(5000, 40)), now_s=0.0)
     # All three medium prompts get a capped chunk; the long one its single slot.
     assert step(scheduler, 0.0) == {"mid-a": 8, "mid-b": 8, "mid-c": 8, "long": 8}
+
+
+def test_a_first_token_step_admits_no_batch_that_it_would_then_hold_back(make_request):
+    scheduler = make(budget=64, chunk_cap=8)
+    scheduler.add(make_request("long", prompt=own(1000, 100), max_output=2, service_class=ServiceClass.BATCH,
+                               tenant="x"), now_s=0.0)
+    assert step(scheduler, 0.0) == {"long": 8}  # part-way: tenant x is busy
+    scheduler.add(make_request("job", prompt=own(3000, 20), max_output=2, service_class=ServiceClass.BATCH,
+                               tenant="y"), now_s=0.5)
+    scheduler.add(make_request("chat", prompt=own(5000, 4), max_output=5, tenant="z"), now_s=0.5)
+    assert step(scheduler, 1.0) == {"chat": 4}  # the chat's first-token step: no batch at all
+    assert scheduler.num_running == 2  # long and chat; job still waits (not admitted without a chunk)
+    assert scheduler.num_waiting == 1
+
+
+def test_a_quiet_tenants_prompt_that_loses_its_blocks_in_the_same_step_was_never_admitted(make_request):
+    scheduler = IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=8,
+                        long_prefill_threshold_tokens=64),
+        BlockManager(5, 4),
+    )
+    scheduler.add(make_request("r0", prompt=own(1000, 16), max_output=2, tenant="x"), now_s=0.0)
+    assert step(scheduler, 0.0) == {"r0": 8}  # part-way: 2 of 5 blocks
+    scheduler.add(make_request("quiet", prompt=own(3000, 12), max_output=2, tenant="y"), now_s=0.5)
+    # The quiet tenant goes first and takes 2 blocks; r0's next chunk needs 2
+    # of the 1 left, so the newest (quiet) gives its blocks back.
+    plan = scheduler.schedule(1.0)
+    assert {c.request_id: len(c.token_ids) for c in plan.chunks} == {"r0": 8}
+    assert plan.preempted_ids == () and scheduler.num_preemptions_total == 0  # it never ran
+    assert scheduler.num_running == 1 and scheduler.num_waiting == 1

@@ -198,6 +198,12 @@ class IterationScheduler:
         interactive_live = self._interactive_live(now_s)
         admitting = True
         for service_class in sorted(ServiceClass):
+            if service_class is ServiceClass.BATCH:
+                # Every interactive first chunk of this step is known now: a
+                # first-token step holds batch back before any batch is admitted.
+                held = self._hold_for_first_tokens(step) or held
+                if step.batch_held:
+                    break
             if service_class is ServiceClass.BATCH and interactive_live:
                 cap = self.config.batch_prefill_tokens_beside_interactive
                 if cap:  # batch comes last: what it leaves of the budget goes unused
@@ -216,9 +222,8 @@ class IterationScheduler:
             busy_keys = frozenset(s.request.fairness_key for s in prefilling)
             if admitting and busy_keys:
                 admitting = self._admit(service_class, step, now_s, skip_keys=busy_keys)
-            held = self._hold_for_first_tokens(step) or held
-            if service_class is ServiceClass.BATCH and step.batch_held:
-                break
+            if service_class is ServiceClass.INTERACTIVE:
+                held = self._hold_for_first_tokens(step) or held  # before the long interactive chunks
             for sequence in prefilling:
                 if step.budget_tokens == 0:
                     break
@@ -337,6 +342,7 @@ class IterationScheduler:
             if sequence.num_preemptions == 0:
                 sequence.num_cached_tokens = prefix.num_tokens
             self._running.append(sequence)
+            step.admitted_ids.add(sequence.request_id)
             step.claim(long)
             if not long and service_class is ServiceClass.INTERACTIVE:
                 step.first_chunks += 1
@@ -383,14 +389,22 @@ class IterationScheduler:
         )
 
     def _preempt(self, sequence: Sequence, step: StepBuilder) -> None:
+        """Free the sequence's blocks and put it back in the waiting line,
+        ahead of new arrivals. One admitted earlier in this same step (a
+        quiet tenant's prompt goes before a running prefill's next chunk)
+        has not run: it returns to the line as if never admitted, and is
+        no preemption."""
         self.blocks.free(sequence.request_id)
         self._running.remove(sequence)
         sequence.status = SequenceStatus.WAITING
         sequence.num_computed_tokens = 0
-        sequence.num_preemptions += 1
-        self.num_preemptions_total += 1
         self._waiting.push_resumed(sequence)
         step.drop(sequence.request_id)
+        if sequence.request_id in step.admitted_ids:
+            step.admitted_ids.discard(sequence.request_id)
+            return
+        sequence.num_preemptions += 1
+        self.num_preemptions_total += 1
         step.preempted_ids.append(sequence.request_id)
 
     def _retire(self, sequence: Sequence, reason: FinishReason) -> None:

@@ -18,6 +18,7 @@ class StepBuilder:
     budget_tokens: int
     chunks: dict[str, ScheduledChunk] = field(default_factory=dict)
     preempted_ids: list[str] = field(default_factory=list)
+    admitted_ids: set[str] = field(default_factory=set)  # admitted from the waiting line in this step
     chunk_cap_tokens: int = 0  # 0 = a prefill may take the whole budget
     depth_scale_tokens: int = 0  # see SchedulerConfig.prefill_depth_scale_tokens
     long_slots: int = 0        # chunks left this step for long prefills
