@@ -56,3 +56,20 @@ async def test_a_failing_source_raises_its_error_to_the_consumer():
 async def test_items_arriving_just_under_the_interval_get_no_heartbeats():
     seen = [item async for item in with_heartbeat(_slow([1, 2, 3, 4], 0.06), interval_s=0.1)]
     assert seen == [1, 2, 3, 4]
+
+
+async def test_a_consumer_that_stops_leaves_the_rest_in_the_source():
+    pulled = 0
+
+    async def ready(n):
+        nonlocal pulled
+        for i in range(n):
+            pulled += 1
+            yield i
+
+    stream = with_heartbeat(ready(1000), interval_s=60)
+    assert await anext(stream) == 0
+    for _ in range(20):
+        await asyncio.sleep(0)  # the pump runs as far as it may
+    assert pulled <= 3  # one item ahead, no queue of its own behind a stalled consumer
+    await stream.aclose()

@@ -50,7 +50,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         resources = await GatewayResources.open(settings)
         keys = KeyCache(resources.keys, settings.key_refresh_interval_s, settings.dev_api_key, settings.dev_tenant)
         await keys.start()
-        router = RouterClient(settings.router_address)
+        router = RouterClient(settings.router_address, max_undelivered_events=settings.stream_buffer_events)
         background = BackgroundTasks()
         app.state.gateway = GatewayState(
             settings=settings,

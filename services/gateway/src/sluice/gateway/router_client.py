@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.config import SluiceSettings
 from sluice.outcomes import Reason
 from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE
 from sluice.rpc.errors import ServiceError, from_rpc_error
-from sluice.rpc.multiplex_client import MultiplexClient, MultiplexProtocol
+from sluice.rpc.multiplex_client import DEFAULT_MAX_UNDELIVERED_EVENTS, MultiplexClient, MultiplexProtocol
 from sluice.v1 import router_pb2, router_pb2_grpc
 
 
@@ -42,13 +41,9 @@ def _is_last(event: router_pb2.GenerateEvent) -> bool:
 
 
 class RouterClient:
-    def __init__(self, address: str, *, max_undelivered_events: int | None = None) -> None:
+    def __init__(self, address: str, *, max_undelivered_events: int = DEFAULT_MAX_UNDELIVERED_EVENTS) -> None:
         """`max_undelivered_events`: how far one stream's reader may fall
-        behind before its request is cancelled; None reads the shared
-        setting (SLUICE_STREAM_BUFFER_EVENTS, validated with the rest of the
-        gateway's settings at start), once, here."""
-        if max_undelivered_events is None:
-            max_undelivered_events = SluiceSettings().stream_buffer_events
+        behind before its request is cancelled (SLUICE_STREAM_BUFFER_EVENTS)."""
         self._channel = insecure_channel(address)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
