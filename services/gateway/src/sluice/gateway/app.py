@@ -52,11 +52,14 @@ def create_app(settings: GatewaySettings) -> Starlette:
         await keys.start()
         router = RouterClient(settings.router_address, max_undelivered_events=settings.stream_buffer_events)
         background = BackgroundTasks()
+        metrics = GatewayMetrics.create()
+        health = resources.limits_health
+        metrics.limits_fallback.set_function(lambda: float(health is not None and health.down))
         app.state.gateway = GatewayState(
             settings=settings,
             router=router,
             authenticator=keys,
-            metrics=GatewayMetrics.create(),
+            metrics=metrics,
             resources=resources,
             front_door=FrontDoor(resources, settings),
             background=background,

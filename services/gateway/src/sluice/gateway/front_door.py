@@ -6,8 +6,10 @@
             -> idempotency complete (replayable) or abandon (retry runs)
             -> settle the bucket with the exact count -> release the slot
 
-Refusals raise ApiError (409, 429 with Retry-After; 503 when the limits
-store is unreachable); whatever was taken before a refusal is given back.
+Refusals raise ApiError (409, 429 with Retry-After); whatever was taken
+before a refusal is given back. An unreachable Redis is no refusal: the
+limits fail open to this gateway's share in memory (sluice.limits.fail_open);
+the 503 below is only for a store error those wrappers let through.
 Each cleanup step of `finish` runs even if an earlier one fails.
 
 Ids: the ledger's request id is the Idempotency-Key (one billed row per key

@@ -37,6 +37,7 @@ class GatewayMetrics:
     streams_active: Gauge
     time_to_first_token_seconds: Histogram
     e2e_request_latency_seconds: Histogram
+    limits_fallback: Gauge
     models: ModelLabels = field(default_factory=ModelLabels)
 
     @classmethod
@@ -59,5 +60,10 @@ class GatewayMetrics:
             e2e_request_latency_seconds=Histogram(
                 "sluice_e2e_request_latency_seconds", "Request arrival to the last byte",
                 ["model"], buckets=latency_buckets, registry=registry,
+            ),
+            limits_fallback=Gauge(
+                "sluice_gateway_limits_fallback",
+                "1 while the limits store (Redis) is unreachable and this gateway enforces its share in memory",
+                registry=registry,
             ),
         )

@@ -15,6 +15,12 @@ import redis.asyncio as aioredis
 
 from sluice.gateway.settings import GatewaySettings
 from sluice.ledger import KeyStore, LedgerStore, Outbox, OutboxFlusher, resolve_database_url, upgrade_database
+from sluice.limits.fail_open import (
+    FailOpenConcurrencyLimiter,
+    FailOpenIdempotencyStore,
+    FailOpenRateLimiter,
+    StoreHealth,
+)
 from sluice.limits import (
     ConcurrencyLimiter,
     IdempotencyStore,
@@ -42,6 +48,7 @@ class GatewayResources:
     redis: aioredis.Redis | None
     _flusher_stop: threading.Event
     _flusher_thread: threading.Thread
+    limits_health: StoreHealth | None = None  # None: no shared store (in-process limits)
 
     @classmethod
     async def open(cls, settings: GatewaySettings) -> "GatewayResources":
@@ -55,15 +62,21 @@ class GatewayResources:
         stop = threading.Event()
         thread = threading.Thread(target=flusher.run_forever, args=(stop,), name="ledger-outbox", daemon=True)
         thread.start()
+        health = None
         if settings.redis_url:
-            # Bounded waits: a Redis that drops packets must fail requests
-            # with a clear 503, not hang them.
+            # Bounded waits: a Redis that drops packets must not hang
+            # requests; when it fails, the limits fail open (fail_open.py).
             client = aioredis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
             prefix = settings.redis_key_prefix
+            health = StoreHealth(retry_interval_s=settings.limits_retry_interval_s)
+            share = 1.0 / settings.limits_fallback_gateways
             limiter, concurrency, idempotency = (
-                RedisRateLimiter(client, key_prefix=prefix),
-                RedisConcurrencyLimiter(client, key_prefix=prefix),
-                RedisIdempotencyStore(client, key_prefix=prefix),
+                FailOpenRateLimiter(RedisRateLimiter(client, key_prefix=prefix), InProcessRateLimiter(), share,
+                                    health),
+                FailOpenConcurrencyLimiter(RedisConcurrencyLimiter(client, key_prefix=prefix),
+                                           InProcessConcurrencyLimiter(), share, health),
+                FailOpenIdempotencyStore(RedisIdempotencyStore(client, key_prefix=prefix),
+                                         InProcessIdempotencyStore(), health),
             )
         else:
             client = None
@@ -71,7 +84,8 @@ class GatewayResources:
                 InProcessRateLimiter(), InProcessConcurrencyLimiter(), InProcessIdempotencyStore()
             )
         log.info("ledger %s; limits in %s", url.split("@")[-1], "redis" if client else "process")
-        return cls(limiter, concurrency, idempotency, ledger, KeyStore(ledger), outbox, flusher, client, stop, thread)
+        return cls(limiter, concurrency, idempotency, ledger, KeyStore(ledger), outbox, flusher, client, stop, thread,
+                   health)
 
     async def close(self) -> None:
         self._flusher_stop.set()

@@ -41,6 +41,12 @@ class GatewaySettings(SluiceSettings):
         description="Redis for token buckets, concurrency caps and idempotency keys",
     )
     redis_key_prefix: str = Field("sluice", description="prefix of every Redis key this gateway writes")
+    # While Redis is unreachable each gateway enforces 1/N of every limit in
+    # memory (fail_open.py), so N gateways together hold about the limit.
+    limits_fallback_gateways: int = Field(
+        1, ge=1, description="gateways sharing the limits: each keeps 1/N of them while Redis is away"
+    )
+    limits_retry_interval_s: float = Field(5.0, gt=0, description="how often an unreachable Redis is tried again")
     database_url: str | None = Field(
         None, description="SQLAlchemy URL of the usage ledger and API keys; unset = sqlite:///.sluice/ledger.db"
     )
