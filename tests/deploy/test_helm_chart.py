@@ -398,10 +398,11 @@ def test_catalog_names_each_replica_versions_checkpoint_as_the_router_mounts_it(
 
 
 def test_the_routers_catalog_parser_accepts_the_rendered_catalog(example_objects: list[dict], tmp_path: Path) -> None:
-    catalog_module = pytest.importorskip("sluice.router.catalog")
+    from sluice.router.catalog import load_catalog
+
     path = tmp_path / "models.json"
     path.write_text(json.dumps(_catalog(example_objects)))
-    aliases = {alias.name: alias for alias in catalog_module.load_catalog(path)}
+    aliases = {alias.name: alias for alias in load_catalog(path)}
     assert sorted(v.weight for v in aliases["llama-3.1-8b-instruct"].versions) == [10, 90]
 
 
@@ -430,9 +431,16 @@ def test_the_gateway_gets_no_dev_api_key(example_objects: list[dict], monkeypatc
     env = env_of(containers(the_deployment(example_objects, "gateway"))[0])
     assert env["SLUICE_DEV_API_KEY"] == {"name": "SLUICE_DEV_API_KEY", "value": ""}
     # Empty rather than unset, because unset falls back to the built-in dev key.
-    settings_module = pytest.importorskip("sluice.gateway.settings")
+    from sluice.gateway.settings import GatewaySettings
+
     monkeypatch.setenv("SLUICE_DEV_API_KEY", env["SLUICE_DEV_API_KEY"]["value"])
-    assert not settings_module.GatewaySettings().dev_api_key
+    assert not GatewaySettings().dev_api_key
+
+
+def test_each_gateway_pod_keeps_its_share_of_the_limits_while_redis_is_away(example_objects: list[dict]) -> None:
+    gateway = the_deployment(example_objects, "gateway")
+    env = env_of(containers(gateway)[0])
+    assert env["SLUICE_LIMITS_FALLBACK_GATEWAYS"]["value"] == str(gateway["spec"]["replicas"])
 
 
 # ---- network policies ----------------------------------------------------------------

@@ -197,7 +197,7 @@ def test_triton_backend_matches_reference_backend(kernels, phase):
     """The AttentionBackend: writes this step's K/V, then dispatches on
     max_query_len. Query/key/value are strided views of one fused qkv
     tensor, as a model produces them."""
-    attention = pytest.importorskip("sluice.model.attention")
+    from sluice.model import attention
     from sluice.kernels.triton_backend import triton_attention
     from sluice.model.kv_cache import KVCache
 
@@ -241,7 +241,7 @@ def test_triton_backend_matches_reference_backend(kernels, phase):
 def test_model_over_triton_backend_matches_reference_backend(kernels):
     """The whole model on the Triton backend (q and k as views of one rotated
     tensor, v a view of the fused projection) gives the reference's logits."""
-    model_lib = pytest.importorskip("sluice.model")
+    import sluice.model as model_lib
     from sluice.kernels.triton_backend import triton_attention
     from sluice.model.runner import ModelInput, SequenceInput
     from sluice.model.sampler import SampleRequest, SamplingParams
