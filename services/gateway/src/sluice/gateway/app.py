@@ -24,6 +24,7 @@ from sluice.gateway.routes import generation, health, models, usage
 from sluice.gateway.settings import GatewaySettings
 from sluice.gateway.state import GatewayState
 from sluice.gateway.tenant_backoff import TenantBackoff
+from sluice.gateway.translate import StreamDeadline
 from sluice.outcomes import Reason
 
 
@@ -64,6 +65,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
             front_door=FrontDoor(resources, settings),
             background=background,
             backoff=TenantBackoff(),
+            stream_deadline=StreamDeadline(settings.stream_deadline_interactive_s, settings.stream_deadline_batch_s,
+                                           settings.stream_deadline_per_token_s),
         )
         try:
             yield

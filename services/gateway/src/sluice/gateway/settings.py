@@ -54,4 +54,12 @@ class GatewaySettings(SluiceSettings):
     key_refresh_interval_s: float = Field(2.0, gt=0, description="how often keys are re-read (new, revoked)")
     idempotency_ttl_s: float = Field(24 * 3600.0, gt=0, description="how long a finished response is replayed")
     idempotency_lease_s: float = Field(60.0, gt=0, description="in-flight marker lease, refreshed while streaming")
+    # A stream's deadline (see translate.StreamDeadline), sent to the router
+    # as deadline_unix_s: the class's allowance plus this per output token.
+    # Far above a healthy stream (tens of ms a token; the interactive queue
+    # gives up after 10 s, batch after an hour); it ends a stream that
+    # crawls, where the router's stall timeout ends one that stopped.
+    stream_deadline_interactive_s: float = Field(120.0, gt=0, description="a stream's deadline: this, plus ...")
+    stream_deadline_batch_s: float = Field(7200.0, gt=0, description="... this for batch (flex), plus ...")
+    stream_deadline_per_token_s: float = Field(0.5, gt=0, description="... this per max_tokens (none without it)")
     default_max_tokens: int = Field(0, ge=0, description="max_tokens when a request omits it; 0 = the context's room")

@@ -10,6 +10,7 @@ from sluice.gateway.resources import GatewayResources
 from sluice.gateway.router_client import RouterClient
 from sluice.gateway.settings import GatewaySettings
 from sluice.gateway.tenant_backoff import TenantBackoff
+from sluice.gateway.translate import StreamDeadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,3 +23,4 @@ class GatewayState:
     front_door: FrontDoor
     background: BackgroundTasks
     backoff: TenantBackoff
+    stream_deadline: StreamDeadline | None = None

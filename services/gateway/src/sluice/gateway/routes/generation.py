@@ -122,7 +122,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         ticket = admitted
         request.state.rate_limit_headers = ticket.reservation.status.headers()
         try:
-            routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens)
+            routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens,
+                                      state.stream_deadline)
             # A request may queue in the scheduler for a while before its
             # first event: a client that leaves meanwhile must leave the queue.
             opened = await _unless_disconnected(request, state.router.open_stream(routed))
