@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 
 import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from sluice.gateway.catch_all import REQUEST_ID_HEADER, CatchAll
@@ -28,7 +29,22 @@ async def _boom(request):
     raise RuntimeError("a bug, with the secret prompt text in no log")
 
 
-APP = Starlette(routes=[Route("/", _ok), Route("/boom", _boom)], middleware=[Middleware(CatchAll)])
+STREAM_CLOSED = asyncio.Event()
+
+
+async def _endless(request):
+    async def chunks():
+        try:
+            while True:
+                await asyncio.sleep(0)  # a real stream awaits its next event
+                yield b"x" * 65536
+        finally:
+            STREAM_CLOSED.set()  # the generator was closed: the stream's cleanup ran
+    return StreamingResponse(chunks())
+
+
+APP = Starlette(routes=[Route("/", _ok), Route("/boom", _boom), Route("/endless", _endless)],
+                middleware=[Middleware(CatchAll)])
 
 
 @contextlib.asynccontextmanager
@@ -134,3 +150,25 @@ async def test_ordinary_requests_pass(limits):
         async with httpx.AsyncClient() as client:
             for _ in range(3):  # one kept-alive connection
                 assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
+
+
+async def test_a_client_that_stops_reading_is_disconnected_after_the_write_timeout():
+    STREAM_CLOSED.clear()
+    limits = EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=0, write_timeout_s=0.5)
+    async with serving(limits) as port:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads
+        await asyncio.wait_for(STREAM_CLOSED.wait(), 10.0)
+        sock.setblocking(False)
+        closed = False
+        with contextlib.suppress(BlockingIOError):
+            try:
+                while sock.recv(1 << 20):
+                    pass
+                closed = True  # EOF
+            except ConnectionResetError:
+                closed = True  # aborted
+        sock.close()
+        assert closed

@@ -17,6 +17,7 @@ def main() -> None:
         header_timeout_s=settings.http_header_timeout_s,
         max_connections=settings.http_max_connections,
         max_connections_per_client=settings.http_max_connections_per_client,
+        write_timeout_s=settings.http_write_timeout_s,
     )
     uvicorn.run(
         create_app(settings),

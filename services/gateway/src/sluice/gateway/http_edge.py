@@ -11,6 +11,8 @@ protocol with those added:
                        └── over max_connections_per_client ▶ 429 JSON, closed
     request headers not complete within header_timeout_s ──▶ 408 JSON, closed
     (bytes received; an idle connection is just closed)
+    a response the client stops reading, for write_timeout_s ▶ connection aborted
+    (the app sees a disconnect: its stream is cancelled upstream, its slot freed)
     malformed request line or headers, or over the header bound ▶ 400 JSON
 
 Answers are in OpenAI's error shape with Retry-After where a retry helps,
@@ -45,6 +47,7 @@ class EdgeLimits:
     max_connections: int  # per process; 0 = no limit
     max_connections_per_client: int  # per client address; 0 = no limit
     retry_after_s: int = 1  # on a 429 or 503 for too many connections
+    write_timeout_s: float = 60.0  # a paused write (the client reads nothing) for this long aborts
 
 
 def error_response(reason: Reason, message: str, retry_after_s: int | None = None) -> bytes:
@@ -66,6 +69,7 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
 
     class EdgeProtocol(H11Protocol):
         _header_timer = None
+        _write_timer = None
         _received_bytes = False
 
         def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
@@ -91,7 +95,30 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
+            self._disarm_write_timer()
             super().connection_lost(exc)
+
+        def pause_writing(self) -> None:
+            # The socket's buffer is full: the client reads nothing. A write
+            # that stays paused this long means it never will.
+            super().pause_writing()
+            if self._write_timer is None:
+                self._write_timer = self.loop.call_later(limits.write_timeout_s, self._write_timeout)
+
+        def resume_writing(self) -> None:
+            self._disarm_write_timer()
+            super().resume_writing()
+
+        def _disarm_write_timer(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+
+        def _write_timeout(self) -> None:
+            self._write_timer = None
+            log.info("closing a connection from %s: nothing read for %g s", self.client and self.client[0],
+                     limits.write_timeout_s)
+            self.transport.abort()
 
         def send_400_response(self, msg: str) -> None:
             if not self.transport.is_closing():

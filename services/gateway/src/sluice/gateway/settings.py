@@ -23,6 +23,11 @@ class GatewaySettings(SluiceSettings):
     # sender as much as us.
     http_header_timeout_s: float = Field(10.0, gt=0, description="request headers not complete by then: 408, closed")
     http_body_timeout_s: float = Field(30.0, gt=0, description="request body not complete by then: 408")
+    # NGINX's send_timeout; uvicorn has none, so a client that stops
+    # reading would hold its stream, its slot and its connection for ever.
+    http_write_timeout_s: float = Field(
+        60.0, gt=0, description="a client that reads nothing of its response for this long is disconnected"
+    )
     # Above the common load balancers' idle timeouts (60 s), so the balancer
     # closes an idle connection before we do (uvicorn's 5 s races them).
     http_keep_alive_timeout_s: float = Field(65.0, gt=0, description="an idle kept-alive connection is closed after")
