@@ -224,13 +224,16 @@ class Relay:
         except ServiceError as failure:
             # Our own cancellation arrives as asyncio.CancelledError, not here:
             # a failure here means the replica refused or failed the request, or
-            # its stream ended (e.g. it is shutting down), which the caller
-            # must hear about in-band.
+            # its stream ended (e.g. it is shutting down), or this relay fell
+            # too far behind the replica's events (slow_reader): the caller
+            # must hear about it in-band, with who failed.
             log.warning(
-                "replica %s failed request %s after %.2fs: %s",
-                dispatch.replica_id, request.request_id, time.monotonic() - started_s, failure.info.message,
+                "request %s on replica %s ended after %.2fs: %s",
+                request.request_id, dispatch.replica_id, time.monotonic() - started_s, failure.info.message,
             )
-            yield _error(failure.info.reason, f"the model replica failed: {failure.info.message}")
+            who = "the router fell behind relaying it" if failure.info.reason == Reason.SLOW_READER \
+                else "the model replica failed"
+            yield _error(failure.info.reason, f"{who}: {failure.info.message}")
         finally:
             events.cancel()  # a no-op once it finished
 
