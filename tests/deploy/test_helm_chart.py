@@ -437,6 +437,11 @@ def test_the_gateway_gets_no_dev_api_key(example_objects: list[dict], monkeypatc
     assert not GatewaySettings().dev_api_key
 
 
+def test_behind_the_clusters_ingress_the_gateway_limits_no_client_address(example_objects: list[dict]) -> None:
+    env = env_of(containers(the_deployment(example_objects, "gateway"))[0])
+    assert env["SLUICE_HTTP_MAX_CONNECTIONS_PER_CLIENT"]["value"] == "0"  # every connection is the ingress's
+
+
 def test_each_gateway_pod_keeps_its_share_of_the_limits_while_redis_is_away(example_objects: list[dict]) -> None:
     gateway = the_deployment(example_objects, "gateway")
     env = env_of(containers(gateway)[0])
@@ -535,6 +540,7 @@ def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], mon
     router_env = env_of(containers(the_deployment(default_objects, "router"))[0])
     for name in ("kv_block_size_tokens", "tokenize_per_tenant"):
         assert int(router_env[f"SLUICE_{name.upper()}"]["value"]) == RouterSettings.model_fields[name].default
+    assert router_env["SLUICE_PREFIX_CACHE_SCOPE"]["value"] == RouterSettings.model_fields["prefix_cache_scope"].default
     for deployment in deployments(default_objects, "replica"):
         env = env_of(containers(deployment)[0])
         assert float(env["SLUICE_INTERACTIVE_PREEMPT_AFTER_S"]["value"]) == ReplicaSettings.model_fields[
