@@ -167,11 +167,18 @@ def test_a_body_shorter_than_its_content_length_is_answered_408(stack):
     assert waited_s < HTTP_BODY_TIMEOUT_S + 5.0
 
 
-def test_a_connection_that_sends_nothing_is_closed(stack):
+def test_a_connection_that_sends_nothing_is_closed_and_counted(stack):
+    def closes() -> float:
+        page = httpx.get(stack.gateway_url + "/metrics", timeout=5.0).text
+        return next(float(line.split()[-1]) for line in page.splitlines()
+                    if line.startswith('sluice_gateway_http_edge_closes_total{reason="header_timeout"}'))
+
+    before = closes()
     with _connect(stack) as sock:
         response, waited_s = _read_all(sock, HTTP_HEADER_TIMEOUT_S + 10.0)
     assert response == b""
     assert waited_s < HTTP_HEADER_TIMEOUT_S + 5.0
+    assert closes() == before + 1
 
 
 def test_a_client_that_leaves_mid_stream_is_not_logged_as_an_error(stack):

@@ -85,11 +85,13 @@ LIMITS = EdgeLimits(header_timeout_s=0.5, max_connections=0, max_connections_per
 
 
 async def test_a_connection_past_the_per_client_limit_gets_429_with_retry_after():
-    async with serving(EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=2)) as port:
+    limits = EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=2)
+    async with serving(limits) as port:
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
         status, error, head = _error(await _exchange(port))
         assert status == 429 and error["code"] == "client_connections" and error["type"] == "rate_limit_error"
         assert b"retry-after: 1" in head and b"retry-after-ms: 1000" in head
+        assert limits.closes["client_connections"] == 1
         for _, writer in held:
             writer.close()
         await asyncio.sleep(0.1)
@@ -107,10 +109,24 @@ async def test_a_connection_past_the_process_limit_gets_503():
 
 
 async def test_headers_that_never_finish_get_408_then_close():
-    async with serving(LIMITS) as port:
+    limits = EdgeLimits(header_timeout_s=0.5, max_connections=0, max_connections_per_client=0)
+    async with serving(limits) as port:
         status, error, _ = _error(await _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n"))
         assert status == 408 and error["code"] == "request_timeout"
         assert await _exchange(port) == b""  # nothing sent at all: closed without an answer
+    assert limits.closes["header_timeout"] == 2
+
+
+def test_the_edges_counts_are_a_metric():
+    from prometheus_client import generate_latest
+
+    from sluice.gateway.metrics import GatewayMetrics
+
+    limits = EdgeLimits(header_timeout_s=1.0, max_connections=0, max_connections_per_client=0)
+    limits.closes["write_timeout"] += 3
+    page = generate_latest(GatewayMetrics.create(limits.closes).registry).decode()
+    assert 'sluice_gateway_http_edge_closes_total{reason="write_timeout"} 3.0' in page
+    assert 'sluice_gateway_http_edge_closes_total{reason="header_timeout"} 0.0' in page
 
 
 async def test_a_kept_alive_connection_is_timed_again_for_its_next_request():

@@ -20,7 +20,7 @@ def main() -> None:
         write_timeout_s=settings.http_write_timeout_s,
     )
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, limits),
         host=settings.gateway_host,
         port=settings.gateway_port,
         log_level=settings.log_level.lower(),

@@ -16,6 +16,7 @@ from sluice.gateway.background import BackgroundTasks
 from sluice.gateway.catch_all import CatchAll
 from sluice.gateway.errors import ApiError
 from sluice.gateway.front_door import FrontDoor
+from sluice.gateway.http_edge import EdgeLimits
 from sluice.gateway.metrics import GatewayMetrics
 from sluice.gateway.openapi import openapi_document
 from sluice.gateway.resources import GatewayResources
@@ -45,7 +46,9 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
     return api_error.response()
 
 
-def create_app(settings: GatewaySettings) -> Starlette:
+def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None) -> Starlette:
+    """`edge_limits`: the HTTP server's (http_edge.py), whose counts the
+    metrics page shows."""
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         resources = await GatewayResources.open(settings)
@@ -53,7 +56,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         await keys.start()
         router = RouterClient(settings.router_address, max_undelivered_events=settings.stream_buffer_events)
         background = BackgroundTasks()
-        metrics = GatewayMetrics.create()
+        metrics = GatewayMetrics.create(edge_limits.closes if edge_limits is not None else None)
         health = resources.limits_health
         metrics.limits_fallback.set_function(lambda: float(health is not None and health.down))
         app.state.gateway = GatewayState(

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 STATUS_PHRASES = {400: "Bad Request", 408: "Request Timeout", 429: "Too Many Requests", 503: "Service Unavailable"}
 
 
+# What the edge counts (sluice_gateway_http_edge_closes_total{reason}).
+EDGE_REASONS = ("too_many_connections", "client_connections", "header_timeout", "write_timeout", "malformed")
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeLimits:
     header_timeout_s: float
@@ -48,6 +53,9 @@ class EdgeLimits:
     max_connections_per_client: int  # per client address; 0 = no limit
     retry_after_s: int = 1  # on a 429 or 503 for too many connections
     write_timeout_s: float = 60.0  # a paused write (the client reads nothing) for this long aborts
+    # Connections refused or closed by these limits, by EDGE_REASONS; the
+    # protocol (on the event loop) writes it, the metrics page reads it.
+    closes: Counter = field(default_factory=Counter)
 
 
 def error_response(reason: Reason, message: str, retry_after_s: int | None = None) -> bytes:
@@ -116,17 +124,20 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
 
         def _write_timeout(self) -> None:
             self._write_timer = None
+            limits.closes["write_timeout"] += 1
             log.info("closing a connection from %s: nothing read for %g s", self.client and self.client[0],
                      limits.write_timeout_s)
             self.transport.abort()
 
         def send_400_response(self, msg: str) -> None:
+            limits.closes["malformed"] += 1
             if not self.transport.is_closing():
                 self.transport.write(error_response(Reason.INVALID_REQUEST, f"Malformed HTTP request: {msg}"))
                 self.transport.close()
 
         def _over_connection_limits(self) -> bytes | None:
             if limits.max_connections and len(self.connections) > limits.max_connections:
+                limits.closes["too_many_connections"] += 1
                 log.warning("refusing a connection: %d open, the limit is %d", len(self.connections) - 1,
                             limits.max_connections)
                 return error_response(Reason.TOO_MANY_CONNECTIONS, "This server has too many open connections; "
@@ -135,6 +146,7 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
                 host = self.client[0]
                 mine = sum(1 for other in self.connections if other.client is not None and other.client[0] == host)
                 if mine > limits.max_connections_per_client:
+                    limits.closes["client_connections"] += 1
                     return error_response(Reason.CLIENT_CONNECTIONS, f"Too many open connections from this "
                                           f"address (limit {limits.max_connections_per_client}).",
                                           limits.retry_after_s)
@@ -153,6 +165,7 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
             self._header_timer = None
             if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
                 return
+            limits.closes["header_timeout"] += 1
             if self._received_bytes:
                 self.transport.write(error_response(
                     Reason.REQUEST_TIMEOUT, f"The request headers did not arrive within {limits.header_timeout_s:g} s."))

@@ -8,7 +8,12 @@ otherwise grow /metrics tenfold, control characters and all).
 
 from dataclasses import dataclass, field
 
+from collections.abc import Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+
+from sluice.gateway.http_edge import EDGE_REASONS
 
 UNKNOWN_MODEL = "unknown"
 # More names than any catalog holds; past it new names are "unknown".
@@ -41,8 +46,11 @@ class GatewayMetrics:
     models: ModelLabels = field(default_factory=ModelLabels)
 
     @classmethod
-    def create(cls) -> "GatewayMetrics":
+    def create(cls, edge_closes: Mapping[str, int] | None = None) -> "GatewayMetrics":
+        """`edge_closes`: the HTTP edge's counts by reason (http_edge.EdgeLimits.closes)."""
         registry = CollectorRegistry()
+        if edge_closes is not None:
+            registry.register(_EdgeCloses(edge_closes))
         latency_buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
         return cls(
             registry=registry,
@@ -67,3 +75,17 @@ class GatewayMetrics:
                 registry=registry,
             ),
         )
+
+
+class _EdgeCloses:
+    """Connections the HTTP edge refused or closed, read from its counts."""
+
+    def __init__(self, closes: Mapping[str, int]) -> None:
+        self._closes = closes
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("sluice_gateway_http_edge_closes", "Connections refused or closed by the "
+                                     "HTTP server's limits", labels=["reason"])
+        for reason in EDGE_REASONS:
+            family.add_metric([reason], float(self._closes.get(reason, 0)))
+        yield family
