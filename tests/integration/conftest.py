@@ -46,14 +46,8 @@ def stack(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, stack_
             "SLUICE_HTTP_BODY_TIMEOUT_S": str(HTTP_BODY_TIMEOUT_S),
         },
     )
-    local.start()
-    try:
-        local.wait_ready(timeout_s=180)
-    except BaseException:
-        local.stop()
-        raise
-    yield local
-    local.stop()
+    with local.running(timeout_s=180):
+        yield local
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

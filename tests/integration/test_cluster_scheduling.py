@@ -39,12 +39,8 @@ def small_pool(tiny_model_dir: Path, tmp_path_factory, postgres_session_url: str
             }),
         },
     )
-    local.start()
-    try:
-        local.wait_ready(timeout_s=180)
+    with local.running(timeout_s=180):
         yield local
-    finally:
-        local.stop()
 
 
 def key_for(stack: LocalStack, database_url: str, tenant: str) -> str:
@@ -238,12 +234,8 @@ def two_replicas(tiny_model_dir: Path, tmp_path_factory, postgres_session_url: s
             "SLUICE_TORCH_THREADS": "1",
         },
     )
-    local.start()
-    try:
-        local.wait_ready(timeout_s=180)
+    with local.running(timeout_s=180):
         yield local
-    finally:
-        local.stop()
 
 
 def test_a_shared_system_prompt_goes_back_to_the_replica_that_holds_it(two_replicas):

@@ -23,12 +23,8 @@ def two_replicas(tiny_model_dir, tmp_path_factory):
         extra_env={"REDIS_URL": "", "SLUICE_DATABASE_URL": "", "SLUICE_KV_CACHE_BLOCKS": "256",
                    "SLUICE_CANARY_INTERVAL_S": "1"},
     )
-    stack.start()
-    try:
-        stack.wait_ready(timeout_s=180)
+    with stack.running(timeout_s=180):
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_the_scheduler_sees_both_replicas_ready(two_replicas):

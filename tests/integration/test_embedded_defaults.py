@@ -22,12 +22,8 @@ def embedded(tiny_model_dir, tmp_path_factory):
     env_without_services = {"REDIS_URL": "", "SLUICE_DATABASE_URL": ""}
     stack = LocalStack(model_dir=tiny_model_dir, log_dir=workdir / "logs", ports=StackPorts.ephemeral(),
                        cwd=workdir, extra_env=env_without_services)
-    stack.start()
-    try:
-        stack.wait_ready(timeout_s=180)
+    with stack.running(timeout_s=180):
         yield stack, workdir
-    finally:
-        stack.stop()
 
 
 def test_generation_idempotency_and_usage_on_sqlite(embedded):

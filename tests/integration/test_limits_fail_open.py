@@ -105,12 +105,8 @@ def failing_open(tiny_model_dir, tmp_path_factory, proxy, stack_database_url):
             "SLUICE_CANARY_INTERVAL_S": "1",
         },
     )
-    stack.start()
-    try:
-        stack.wait_ready(timeout_s=180)
+    with stack.running(timeout_s=180):
         yield stack
-    finally:
-        stack.stop()
 
 
 def _fallback(stack) -> float:

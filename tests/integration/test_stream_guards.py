@@ -48,12 +48,8 @@ def guarded(tiny_model_dir, tmp_path_factory):
             "SLUICE_CANARY_INTERVAL_S": "1",
         },
     )
-    stack.start()
-    try:
-        stack.wait_ready(timeout_s=180)
+    with stack.running(timeout_s=180):
         yield stack
-    finally:
-        stack.stop()
 
 
 def _body() -> dict:

@@ -10,12 +10,14 @@ after it; its replica id is "replica-<i>", its ports `ports.replica_port(i)`
 and `ports.replica_metrics_port(i)`, its log `<log_dir>/<name>.log`.
 """
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -163,6 +165,17 @@ class LocalStack:
                     self._spawn(replica_name(index), service, self.environment(service, index))
             else:
                 self._spawn(service, service, self.environment(service))
+
+    @contextlib.contextmanager
+    def running(self, timeout_s: float = 180.0) -> Iterator["LocalStack"]:
+        """Started and ready within `timeout_s` for the body; stopped after it,
+        however it ends (a stack that never got ready included)."""
+        self.start()
+        try:
+            self.wait_ready(timeout_s=timeout_s)
+            yield self
+        finally:
+            self.stop()
 
     def _spawn(self, name: str, service: str, env: dict[str, str]) -> None:
         log = open(self.log_dir / f"{name}.log", "wb")
