@@ -215,27 +215,28 @@ class Relay:
                     )
                     return
             yield _error(Reason.REPLICA_LOST, "The model replica ended the stream without finishing; retry the request.")
-        except StreamTimeout as ended:  # the finally cancels the replica's call
-            log.warning(
-                "request %s on replica %s ended after %.2fs: %s",
-                request.request_id, dispatch.replica_id, time.monotonic() - started_s, ended.info.message,
-            )
-            yield _error(ended.info.reason, ended.info.message)
         except ServiceError as failure:
             # Our own cancellation arrives as asyncio.CancelledError, not here:
-            # a failure here means the replica refused or failed the request, or
-            # its stream ended (e.g. it is shutting down), or this relay fell
-            # too far behind the replica's events (slow_reader): the caller
-            # must hear about it in-band, with who failed.
+            # a failure here means the replica refused or failed the request,
+            # or its stream ended (e.g. it is shutting down), or the progress
+            # watch ended it, or this relay fell too far behind the replica's
+            # events (slow_reader). The caller hears it in-band, with who
+            # failed; the finally cancels the replica's call.
             log.warning(
                 "request %s on replica %s ended after %.2fs: %s",
                 request.request_id, dispatch.replica_id, time.monotonic() - started_s, failure.info.message,
             )
-            who = "the router fell behind relaying it" if failure.info.reason == Reason.SLOW_READER \
-                else "the model replica failed"
-            yield _error(failure.info.reason, f"{who}: {failure.info.message}")
+            yield _error(failure.info.reason, _failure_message(failure))
         finally:
             events.cancel()  # a no-op once it finished
+
+
+def _failure_message(failure: ServiceError) -> str:
+    if isinstance(failure, StreamTimeout):
+        return failure.info.message  # the whole story: the replica failed nothing
+    if failure.info.reason == Reason.SLOW_READER:
+        return f"the router fell behind relaying it: {failure.info.message}"
+    return f"the model replica failed: {failure.info.message}"
 
 
 @dataclass(slots=True)
