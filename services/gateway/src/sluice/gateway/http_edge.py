@@ -15,10 +15,11 @@ protocol with those added:
     (the app sees a disconnect: its stream is cancelled upstream, its slot freed)
     malformed request line or headers, or over the header bound ▶ 400 JSON
 
-Answers are in OpenAI's error shape with Retry-After where a retry helps,
-written as raw HTTP/1.1 since h11 has no request to answer yet. The body
-read timeout is the app's (schemas.read_json_body): by then a request
-exists and its answer goes through the app.
+Answers are the app's own ApiError answers (OpenAI's error shape,
+Retry-After where a retry helps), written as raw HTTP/1.1 since h11 has no
+request to answer yet. The body read timeout is the app's
+(schemas.read_json_body): by then a request exists and its answer goes
+through the app.
 
 Behind a proxy every connection comes from the proxy's address: set
 max_connections_per_client to 0 there and limit per client at the proxy.
@@ -26,21 +27,18 @@ max_connections_per_client to 0 there and limit per client at the proxy.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from sluice.gateway.errors import ERROR_TYPES, REJECT_REASON_HEADER, RETRY_AFTER_MS_HEADER
-from sluice.outcomes import OUTCOMES, Reason
+from sluice.gateway.errors import ApiError
+from sluice.outcomes import Reason
 
 log = logging.getLogger(__name__)
-
-STATUS_PHRASES = {400: "Bad Request", 408: "Request Timeout", 429: "Too Many Requests", 503: "Service Unavailable"}
-
 
 # What the edge counts (sluice_gateway_http_edge_closes_total{reason}).
 EDGE_REASONS = ("too_many_connections", "client_connections", "header_timeout", "write_timeout", "malformed")
@@ -59,17 +57,12 @@ class EdgeLimits:
 
 
 def error_response(reason: Reason, message: str, retry_after_s: int | None = None) -> bytes:
-    """A whole HTTP/1.1 response that closes the connection."""
-    status = OUTCOMES[reason].http_status
-    body = json.dumps({"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
-                                 "param": None, "code": reason.value}}).encode()
-    headers = [("content-type", "application/json"), ("content-length", str(len(body))),
-               ("connection", "close"), (REJECT_REASON_HEADER, reason.value)]
-    if retry_after_s is not None:
-        headers += [("retry-after", str(retry_after_s)), (RETRY_AFTER_MS_HEADER, str(retry_after_s * 1000))]
-    head = f"HTTP/1.1 {status} {STATUS_PHRASES.get(status, 'Error')}\r\n"
-    head += "".join(f"{name}: {value}\r\n" for name, value in headers)
-    return head.encode("ascii") + b"\r\n" + body
+    """The app's ApiError answer for `reason` as a whole HTTP/1.1 response
+    that closes the connection (h11 has no request to answer yet)."""
+    answer = ApiError.of(reason, message, retry_after_s=retry_after_s).response()
+    head = f"HTTP/1.1 {answer.status_code} {HTTPStatus(answer.status_code).phrase}\r\n".encode("ascii")
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in answer.raw_headers)
+    return head + b"connection: close\r\n\r\n" + answer.body
 
 
 def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:

@@ -17,11 +17,15 @@ from sluice.gateway.errors import ApiError
 from sluice.outcomes import Reason
 
 
-BodyT = TypeVar("BodyT", bound=BaseModel)
+BodyT = TypeVar("BodyT", bound="_Body")
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    def cross_field_error(self) -> ApiError | None:
+        """Rules between fields (pydantic checks each field alone); None: none broken."""
+        return None
 
 
 class TextPart(_Body):
@@ -94,7 +98,6 @@ class SamplingFields(_Body):
         return stop
 
     def cross_field_error(self) -> ApiError | None:
-        """Rules between fields (pydantic checks each field alone)."""
         limit = self.output_limit()
         if limit is not None and self.min_tokens > limit:
             return ApiError.of(Reason.INVALID_REQUEST, f"Invalid value for 'min_tokens': {self.min_tokens} is more "
@@ -210,8 +213,7 @@ def parse_body(model: type[BodyT], document: Any) -> BodyT:
         param = ".".join(str(part) for part in first["loc"]) or None
         message = first["msg"].removeprefix("Value error, ")
         raise ApiError.of(Reason.INVALID_REQUEST, f"Invalid value for '{param}': {message}", param=param) from None
-    cross_field = getattr(body, "cross_field_error", None)
-    problem = cross_field() if cross_field is not None else None
+    problem = body.cross_field_error()
     if problem is not None:
         raise problem
     return body

@@ -24,6 +24,7 @@ from sluice.gateway.auth import authenticate
 from sluice.gateway.errors import ApiError, error_for_reason, from_service_error
 from sluice.gateway.front_door import Outcome, StoredResponse, Ticket, idempotency_key_from
 from sluice.gateway.heartbeat import with_heartbeat
+from sluice.gateway.metrics import UNKNOWN_MODEL
 from sluice.gateway.openai_format import FINISH_REASONS, ResponseFormat, usage_body
 from sluice.gateway.replay import replay_response
 from sluice.gateway.router_client import OpenedStream
@@ -97,12 +98,13 @@ class Progress:
 async def _generate(request: Request, body_model: type[ChatCompletionRequest] | type[CompletionRequest]) -> Response:
     state: GatewayState = request.app.state.gateway
     arrived_s = time.monotonic()
-    model = "unknown"
+    model_label = UNKNOWN_MODEL  # for the metrics: a catalog name or "unknown", never the client's string
     chat = body_model is ChatCompletionRequest
     try:
         tenant = authenticate(request, state.authenticator)
-        body = parse_body(body_model, await read_json_body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s))
-        model = body.model
+        document = await read_json_body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
+        body = parse_body(body_model, document)
+        model_label = state.metrics.models.label(body.model)
         if body.prompt_chars() > state.settings.max_prompt_chars:
             raise ApiError.of(
                 Reason.CONTEXT_LENGTH_EXCEEDED, f"The prompt is over {state.settings.max_prompt_chars} characters, "
@@ -116,7 +118,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
         admitted = await state.front_door.admit(tenant, key, estimate)
         if isinstance(admitted, StoredResponse):
-            state.metrics.requests_total.labels(state.metrics.models.label(model), "200", "replayed").inc()
+            state.metrics.requests_total.labels(model_label, "200", "replayed").inc()
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return replay_response(admitted, chat, body.stream, include_usage)
         ticket = admitted
@@ -129,7 +131,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             opened = await _unless_disconnected(request, state.router.open_stream(routed))
         except ClientLeft:
             state.background.spawn(state.front_door.finish(ticket, None))
-            state.metrics.requests_total.labels(state.metrics.models.label(model), "499", "client_left_queued").inc()
+            state.metrics.requests_total.labels(model_label, "499", "client_left_queued").inc()
             return Response(status_code=499)
         except BaseException as error:
             # Nothing ran on a replica: give back the slot, the key and the estimate.
@@ -139,7 +141,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
                 raise from_service_error(error) from None
             raise
     except ApiError as error:
-        state.metrics.requests_total.labels(state.metrics.models.label(model), str(error.status), error.code or "error").inc()
+        state.metrics.requests_total.labels(model_label, str(error.status), error.code or "error").inc()
         return error.response()
 
     admitted_event = opened.first_event.admitted
