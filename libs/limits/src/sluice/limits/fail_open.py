@@ -51,7 +51,6 @@ class StoreHealth:
     clock: Callable[[], float] = time.monotonic
     down_since_s: float | None = None
     next_try_s: float = 0.0
-    fallbacks_total: int = 0  # operations served by the fallback
 
     @property
     def down(self) -> bool:
@@ -85,7 +84,6 @@ async def _shared_or_local(health: StoreHealth, shared: Callable[[], Awaitable[T
         else:
             health.succeeded()
             return result, False
-    health.fallbacks_total += 1
     return await local(), True
 
 

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from sluice.limits._keys import LUA_NOW, clock_arg, tenant_key
 from sluice.limits.clock import Clock
-from sluice.limits.bucket import BucketState, TakeResult, credit, full_bucket, refill, try_take
+from sluice.limits.bucket import BucketState, TakeResult, credit, full_bucket, try_take
 from sluice.limits.rate_status import BucketStatus, RateLimitStatus
 from sluice.limits.refusal import Refusal
 
@@ -169,8 +169,9 @@ class InProcessRateLimiter:
             # Both buckets must allow it, so the longer wait is the real one
             # (ties name the token limit, as the Lua script does). Nothing
             # was taken: the status is the buckets as they stand.
-            now = {c.name: BucketStatus(c.limit, refill(c.buckets.get(tenant) or full_bucket(c.limit, now_s), c.limit,
-                                                          now_s).tokens) for c in checks}
+            # (A check that allowed would have taken its amount: add it back.)
+            now = {c.name: BucketStatus(c.limit, c.result.state.tokens + (c.amount if c.result.allowed else 0))
+                   for c in checks}
             worst = max(refused, key=lambda c: c.result.retry_after_s)
             return _rate_refusal(
                 tenant, worst.name, worst.limit, worst.result.state.tokens, worst.amount,
