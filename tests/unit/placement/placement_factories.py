@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sluice.admission.overload import OverloadPolicy
 from sluice.admission.tenant_caps import TenantLimits, TenantLimitsTable
 from sluice.placement.asks import Ask, ServiceClass
 from sluice.placement.cluster import ClusterScheduler
-from sluice.placement.config import ClassPolicy, PlacementConfig
+from sluice.placement.config import ClassPolicy, OverloadLevers, PlacementConfig
 from sluice.placement.replica_choice import ReplicaView
 
 BLOCK = 16
@@ -22,6 +23,9 @@ BATCH = ServiceClass.BATCH
 
 LOOSE = ClassPolicy(ttft_slo_s=1e9, max_queue_wait_s=1e9, max_queue_length=100_000)
 UNCAPPED = TenantLimitsTable(default=TenantLimits(max_active_seqs=1_000_000, max_kv_share=1.0))
+# No overload stages and no critical reserve: the overload tests turn them on.
+NO_OVERLOAD = OverloadLevers(policy=OverloadPolicy(enabled=False), critical_kv_reserve_share=0.0,
+                             critical_queue_slots=0)
 
 
 def make_view(
@@ -40,17 +44,18 @@ def make_ask(
     request_id: str, *, tenant: str = "acme", owner: str = "router-0", version: str = VERSION,
     service_class: ServiceClass = INTERACTIVE, prompt: int = 100, max_tokens: int = 60, room: int = 100_000,
     hashes: tuple[bytes, ...] = (), hash_block: int | None = None, deadline_s: float = 0.0,
+    critical: bool = False, degradable: bool = False, fallback: str = "",
 ) -> Ask:
     return Ask(
         request_id=request_id, owner=owner, tenant=tenant, model_version=version, service_class=service_class,
         prompt_tokens=prompt, requested_output_tokens=max_tokens, max_output_tokens=room,
         prompt_block_hashes=hashes, block_size_tokens=(BLOCK if hashes else 0) if hash_block is None else hash_block,
-        deadline_s=deadline_s,
+        deadline_s=deadline_s, critical=critical, degradable=degradable, fallback_model_version=fallback,
     )
 
 
 def make_config(**overrides) -> PlacementConfig:
-    base = PlacementConfig(interactive=LOOSE, batch=LOOSE, tenants=UNCAPPED)
+    base = PlacementConfig(interactive=LOOSE, batch=LOOSE, tenants=UNCAPPED, overload=NO_OVERLOAD)
     return replace(base, **overrides)
 
 

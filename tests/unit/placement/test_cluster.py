@@ -34,9 +34,9 @@ def enqueue_all(scheduler, asks, now_s=0.0):
 
 def test_a_request_that_fits_now_is_queued_with_no_predicted_wait():
     scheduler = make_scheduler()
-    assert scheduler.enqueue(make_ask("q1"), 0.0) == Queued("q1", 0.0)
+    assert scheduler.enqueue(make_ask("q1"), 0.0) == Queued("q1", 0.0, "v1")
     [decision] = scheduler.schedule(0.0)
-    assert decision == Dispatched("q1", "router-0", "r0", "r0:50051", 10, 0.0, 0)
+    assert decision == Dispatched("q1", "router-0", "r0", "r0:50051", 10, 0.0, 0, "v1")
 
 
 def test_a_prompt_larger_than_the_largest_replica_is_too_large():

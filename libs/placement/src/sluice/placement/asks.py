@@ -26,6 +26,12 @@ class Ask:
     prompt_block_hashes: tuple[bytes, ...] = ()
     block_size_tokens: int = 0    # what the hashes were computed at (0 = none sent)
     deadline_s: float = 0.0       # the client's, on the scheduler's clock; 0 = the class's
+    # From the tenant's key: exempt from overload levers, may use the
+    # critical reserve; may be output-capped in overload; may be served by
+    # this version (same tokenizer, smaller model) in overload ("" = none).
+    critical: bool = False
+    degradable: bool = False
+    fallback_model_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,8 @@ class Dispatched:
     reserved_kv_blocks: int
     queued_s: float
     cached_prefix_blocks: int  # prompt blocks the chosen replica already holds
+    model_version: str = ""    # the version that serves it (the ask's, or its fallback's)
+    output_cap_tokens: int = 0  # an overload cap on its output; 0 = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +61,4 @@ class Refused:
 class Queued:
     request_id: str
     predicted_start_s: float  # seconds until it is expected to be dispatched
+    model_version: str = ""   # the pool it queues in (its fallback's, if routed there)

@@ -25,6 +25,7 @@ class QueueEntry:
     kv_blocks: int
     output_tokens: int  # the bounded output its reservation covers
     is_long: bool
+    output_cap_tokens: int = 0  # the overload cap it was admitted under; 0 = none
 
 
 class ClassQueue:

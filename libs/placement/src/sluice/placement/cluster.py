@@ -11,14 +11,20 @@ before batch; within a class, fair by VTC). Batch is gated: none while the
 oldest interactive has queued past `batch_pause_queue_age_s`, and at most
 `batch_max_share` of a replica while interactive work is in the pool.
 
+Each pool has an OverloadController (sluice.admission.overload) fed by
+`schedule`; its stage adds levers to `enqueue` (batch paused, output
+capped, routed to the fallback version, early rejection). Critical
+tenants skip the levers and keep a reserve of KV, seats and queue places.
+
 Pure: no I/O, no asyncio, every method takes the clock. Only the scheduler
 service (or the simulator) calls it, from one thread.
 """
 
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sluice.admission.kv import blocks_for
+from sluice.admission.overload import OverloadController, OverloadStage, PoolSignals, StageChange
 from sluice.admission.prediction import (
     PoolCapacity,
     RetrySlots,
@@ -34,6 +40,7 @@ from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
 from sluice.placement.class_queue import ClassQueue, QueueEntry
 from sluice.placement.config import PlacementConfig
 from sluice.placement.headroom import Headroom, headroom, seats_of
+from sluice.placement.reservations import ReplicaHolding
 from sluice.placement.prefix_index import PrefixIndex
 from sluice.placement.replica_choice import Candidate, ReplicaView, pick
 from sluice.placement.reservations import Reservation, ReservationLedger
@@ -48,6 +55,9 @@ NO_REPLICA_RETRY_S = 1.0
 RETRY_SLO_MARGIN = 0.25
 # Tenants with a spread of retry slots remembered; past it, spent ones are dropped.
 MAX_TENANT_RETRY_SLOTS = 10_000
+# A pool's overload signals are sampled at most this often: the prediction
+# walks every reservation, and the stage holds are far longer than this.
+OVERLOAD_SAMPLE_INTERVAL_S = 0.1
 
 
 @dataclass(slots=True)
@@ -73,6 +83,11 @@ class ClusterScheduler:
         self._tenant_retry_slots: dict[tuple[str, str, ServiceClass], RetrySlots] = {}
         self._recent_grants: dict[str, deque[tuple[float, int]]] = defaultdict(deque)
         self._last_granted_s: dict[str, float] = {}
+        self._overload: dict[str, OverloadController] = {}
+        self._overload_sampled_s: dict[str, float] = {}
+        # Stage changes since the caller last took them (it logs them):
+        # `schedule` appends, the caller clears.
+        self.stage_changes: list[tuple[str, StageChange]] = []
 
     # -- replicas ------------------------------------------------------------
 
@@ -115,6 +130,14 @@ class ClusterScheduler:
                 f"The prompt is {ask.prompt_tokens} tokens; one replica of {version} holds at most "
                 f"{largest * block_size} tokens of KV cache. Shorten the messages.", 0.0,
             )
+        stage = self.overload_stage(version)
+        output_cap_tokens = 0
+        if not ask.critical and stage > OverloadStage.NORMAL:
+            lever = self._apply_levers(ask, stage, now_s)
+            if not isinstance(lever, Ask):
+                return lever
+            output_cap_tokens = 0 if lever is ask else self.config.overload.degraded_output_tokens
+            ask = lever
         reservation = reserve_for(
             self.config.reservation, ask.prompt_tokens, ask.requested_output_tokens,
             ask.max_output_tokens, block_size, is_batch,
@@ -131,22 +154,73 @@ class ClusterScheduler:
             return self._refuse(ask, breach.reason, breach.message, retry_s)
         policy = self.config.class_policy(is_batch)
         queue = self._queue(version, ask.service_class)
-        delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s)
-        if len(queue) >= policy.max_queue_length or delay_s > policy.ttft_slo_s:
-            reason = Reason.QUEUE_FULL if len(queue) >= policy.max_queue_length else Reason.OVER_CAPACITY
+        delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s, ask.critical)
+        # The last places of each queue are the critical tenants' reserve.
+        queue_places = policy.max_queue_length - (0 if ask.critical else self.config.overload.critical_queue_slots)
+        if len(queue) >= queue_places or delay_s > policy.ttft_slo_s:
+            reason = Reason.QUEUE_FULL if len(queue) >= queue_places else Reason.OVER_CAPACITY
             retry_s = self._capacity_retry_after_s(version, ask.service_class, kv_blocks, delay_s, policy.ttft_slo_s, now_s)
             message = (
                 f"The {'batch' if is_batch else 'interactive'} queue of {version} is full "
-                f"({policy.max_queue_length} requests)."
+                f"({queue_places} requests)."
                 if reason is Reason.QUEUE_FULL else self._over_capacity_message(ask, delay_s, policy.ttft_slo_s)
             )
             return self._refuse(ask, reason, message, retry_s, delay_s)
+        early_bound_s = self.config.overload.reject_predicted_start_s
+        if stage >= OverloadStage.REJECTING and not ask.critical and not is_batch and delay_s > early_bound_s:
+            retry_s = self._capacity_retry_after_s(version, ask.service_class, kv_blocks, delay_s, early_bound_s, now_s)
+            return self._refuse(
+                ask, Reason.OVER_CAPACITY,
+                f"{version} is overloaded: requests that cannot start within {early_bound_s:.1f}s are refused "
+                f"until it recovers (this one would wait about {delay_s:.1f}s).", retry_s, delay_s,
+            )
         deadline_s = now_s + policy.max_queue_wait_s
         if ask.deadline_s:
             deadline_s = min(deadline_s, ask.deadline_s)
         is_long = bool(self.config.long_prompt_tokens) and ask.prompt_tokens >= self.config.long_prompt_tokens
-        queue.push(QueueEntry(ask, now_s, deadline_s, kv_blocks, reservation.output_tokens, is_long))
-        return Queued(ask.request_id, delay_s)
+        queue.push(QueueEntry(ask, now_s, deadline_s, kv_blocks, reservation.output_tokens, is_long, output_cap_tokens))
+        return Queued(ask.request_id, delay_s, version)
+
+    def _apply_levers(self, ask: Ask, stage: OverloadStage, now_s: float) -> Ask | Queued | Refused:
+        """The overload stage's levers, for a request that is not critical:
+        a refusal, the request queued in its fallback pool, or the ask to
+        queue here (capped, if stage 2 applies to it)."""
+        version, levers = ask.model_version, self.config.overload
+        controller = self._overload[version]
+        if ask.service_class is ServiceClass.BATCH:
+            resume_s = controller.resume_in_s(OverloadStage.BATCH_PAUSED, now_s)
+            retry_s = self._capacity_retry_after_s(
+                version, ask.service_class, 1, 0.0, self.config.batch.ttft_slo_s, now_s, at_least_s=resume_s)
+            return self._refuse(
+                ask, Reason.BATCH_PAUSED,
+                f'{version} is overloaded: batch-class calls (service_tier "flex") are paused, expected to '
+                f"resume in about {resume_s:.0f}s. Interactive calls are still served.", retry_s,
+            )
+        fallback = ask.fallback_model_version
+        if stage >= OverloadStage.FALLBACK and fallback and fallback != version and (
+            self.overload_stage(fallback) < OverloadStage.FALLBACK
+        ):
+            routed = self.enqueue(replace(ask, model_version=fallback, fallback_model_version=""), now_s)
+            if isinstance(routed, Queued):
+                return routed
+            # The fallback cannot take it either: the levers of this pool apply.
+        degradable = ask.degradable or ask.service_class in levers.degradable_classes
+        if stage < OverloadStage.OUTPUT_CAPPED or not degradable:
+            return ask
+        if ask.prompt_tokens >= levers.degraded_prompt_tokens:
+            resume_s = controller.resume_in_s(OverloadStage.OUTPUT_CAPPED, now_s)
+            retry_s = self._capacity_retry_after_s(
+                version, ask.service_class, 1, 0.0, self.config.interactive.ttft_slo_s, now_s, at_least_s=resume_s)
+            return self._refuse(
+                ask, Reason.OVER_CAPACITY,
+                f"{version} is overloaded: prompts of {levers.degraded_prompt_tokens} tokens or more are not "
+                f"taken from this key until it recovers (this one is {ask.prompt_tokens}).", retry_s,
+            )
+        cap = levers.degraded_output_tokens
+        bound = ask.requested_output_tokens or ask.max_output_tokens
+        if bound <= cap:
+            return ask
+        return replace(ask, requested_output_tokens=cap, max_output_tokens=min(ask.max_output_tokens, cap))
 
     def started(self, request_id: str, now_s: float) -> None:
         reservation = self.ledger.mark_started(request_id, now_s)
@@ -180,6 +254,7 @@ class ClusterScheduler:
         decisions: list[Dispatched | Refused] = []
         for version in sorted({version for version, _ in self._queues}):
             views = self.live_replicas(version, now_s)
+            self._observe_overload(version, views, now_s)
             self._expire(version, views, now_s, decisions)
             if not views:
                 continue
@@ -200,17 +275,29 @@ class ClusterScheduler:
             1 for r in self.ledger.reservations() if r.model_version == version and r.is_long and r.started_at_s is None
         )
         while queue:
-            entry = queue.next_entry(lambda e: not e.is_long or long_prefilling < long_cap)
+            def may_go(e: QueueEntry) -> bool:
+                return not e.is_long or long_prefilling < long_cap
+
+            entry = queue.next_entry(may_go)
             if entry is None:
                 return
-            interactive_present = self._interactive_present(version, views)
-            candidates = [self._candidate(view, entry, interactive_present) for view in views]
-            chosen = pick(candidates, entry.kv_blocks, self.config.prefix_load_margin)
-            if chosen is None:
-                return  # the fairest head waits for capacity; nobody jumps it
+            chosen = self._place(entry, version, views)
+            if chosen is None and not entry.ask.critical:
+                # The fairest head waits for capacity and nobody else jumps
+                # it, except a critical request, which may use the reserve
+                # the head may not.
+                entry = queue.next_entry(lambda e: e.ask.critical and may_go(e))
+                chosen = None if entry is None else self._place(entry, version, views)
+            if entry is None or chosen is None:
+                return
             queue.remove(entry.ask.request_id)
             decisions.append(self._grant(entry, chosen, queue.counters, now_s))
             long_prefilling += entry.is_long
+
+    def _place(self, entry: QueueEntry, version: str, views: list[ReplicaView]) -> Candidate | None:
+        interactive_present = self._interactive_present(version, views)
+        candidates = [self._candidate(view, entry, interactive_present) for view in views]
+        return pick(candidates, entry.kv_blocks, self.config.prefix_load_margin)
 
     def _grant(self, entry: QueueEntry, chosen: Candidate, counters: VirtualTokenCounters, now_s: float) -> Dispatched:
         ask, view = entry.ask, chosen.view
@@ -218,6 +305,7 @@ class ClusterScheduler:
             request_id=ask.request_id, owner=ask.owner, tenant=ask.tenant, model_version=ask.model_version,
             replica_id=view.replica_id, service_class=ask.service_class, prompt_tokens=ask.prompt_tokens,
             output_tokens=entry.output_tokens, kv_blocks=entry.kv_blocks, is_long=entry.is_long, granted_at_s=now_s,
+            critical=ask.critical, output_cap_tokens=entry.output_cap_tokens,
         ))
         self._recent_grants[view.replica_id].append((now_s, entry.kv_blocks))
         self._last_granted_s[view.replica_id] = now_s
@@ -227,11 +315,12 @@ class ClusterScheduler:
         return Dispatched(
             request_id=ask.request_id, owner=ask.owner, replica_id=view.replica_id, address=view.address,
             reserved_kv_blocks=entry.kv_blocks, queued_s=now_s - entry.enqueued_s,
-            cached_prefix_blocks=chosen.matched_prefix_blocks,
+            cached_prefix_blocks=chosen.matched_prefix_blocks, model_version=ask.model_version,
+            output_cap_tokens=entry.output_cap_tokens,
         )
 
     def _candidate(self, view: ReplicaView, entry: QueueEntry, interactive_present: bool) -> Candidate:
-        room = self._headroom(view, entry.ask.service_class, interactive_present)
+        room = self._headroom(view, entry.ask.service_class, interactive_present, entry.ask.critical)
         same_blocks = self.config.prefix_aware and entry.ask.block_size_tokens == view.block_size_tokens
         hashes = entry.ask.prompt_block_hashes if same_blocks else ()
         return Candidate(
@@ -240,11 +329,25 @@ class ClusterScheduler:
             last_granted_s=self._last_granted_s.get(view.replica_id, float("-inf")),
         )
 
-    def _headroom(self, view: ReplicaView, service_class: ServiceClass, interactive_present: bool) -> Headroom:
+    def _headroom(
+        self, view: ReplicaView, service_class: ServiceClass, interactive_present: bool, critical: bool = False
+    ) -> Headroom:
+        holding = self.ledger.holding(view.replica_id)
+        reserve_kv_blocks, reserve_seats = (0, 0) if critical else self._critical_reserve(view, holding)
         return headroom(
-            view, self.ledger.holding(view.replica_id), self._unseen_kv_blocks(view), service_class,
-            interactive_present, self.config.batch_max_share,
+            view, holding, self._unseen_kv_blocks(view), service_class, interactive_present,
+            self.config.batch_max_share, reserve_kv_blocks, reserve_seats,
         )
+
+    def _critical_reserve(self, view: ReplicaView, holding: ReplicaHolding) -> tuple[int, int]:
+        """What of the replica's critical reserve critical tenants do not
+        hold yet: (KV blocks, seats) nobody else may take."""
+        share = self.config.overload.critical_kv_reserve_share
+        if not share:
+            return 0, 0
+        blocks = max(0, int(share * view.total_kv_blocks) - holding.critical_kv_blocks)
+        seats = max(0, int(share * view.max_num_seqs) - holding.critical_seats) if view.max_num_seqs else 0
+        return blocks, seats
 
     def _unseen_kv_blocks(self, view: ReplicaView) -> int:
         grants = self._recent_grants.get(view.replica_id)
@@ -291,16 +394,24 @@ class ClusterScheduler:
     # -- prediction ------------------------------------------------------------
 
     def predict_start_delay_s(
-        self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int, now_s: float
+        self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int, now_s: float,
+        critical: bool = False,
     ) -> float:
         """Seconds until a request of `kv_blocks` from `tenant` would be
         dispatched if it joined its queue now."""
+        ahead_blocks, ahead_seqs = self._work_ahead(version, service_class, tenant, kv_blocks)
+        return self._predict_delay_s(
+            version, service_class, WorkAhead(ahead_blocks + kv_blocks, ahead_seqs + 1), now_s, critical)
+
+    def _predict_delay_s(
+        self, version: str, service_class: ServiceClass, needed: WorkAhead, now_s: float, critical: bool
+    ) -> float:
         views = self.live_replicas(version, now_s)
         if not views:
             return 0.0
         # Without the batch share cap: it is transient policy, and with it a
         # running interactive request would look like capacity batch regains.
-        rooms = [self._headroom(v, service_class, interactive_present=False) for v in views]
+        rooms = [self._headroom(v, service_class, False, critical) for v in views]
         capacity = PoolCapacity(
             total_kv_blocks=sum(v.total_kv_blocks for v in views),
             total_seats=sum(seats_of(v) for v in views),
@@ -308,7 +419,6 @@ class ClusterScheduler:
             free_kv_blocks=sum(r.kv_blocks for r in rooms),
             free_seats=sum(r.seats for r in rooms),
         )
-        ahead_blocks, ahead_seqs = self._work_ahead(version, service_class, tenant, kv_blocks)
         estimate = self._service[version]
         step_time_s = max(v.step_time_s for v in views)
         per_token_s = estimate.per_output_token_s(step_time_s)
@@ -324,9 +434,7 @@ class ClusterScheduler:
             finish_s = max(start_s + r.output_tokens * per_token_s, now_s + per_token_s)
             running.append(RunningWork(finish_s, r.kv_blocks))
         mean_service_s = estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive, step_time_s)
-        return predict_start_delay_s(
-            now_s, capacity, WorkAhead(ahead_blocks + kv_blocks, ahead_seqs + 1), running, mean_service_s
-        )
+        return predict_start_delay_s(now_s, capacity, needed, running, mean_service_s)
 
     def _work_ahead(self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int) -> tuple[int, int]:
         """Queued work that would be dispatched before this request: all of a
@@ -351,10 +459,12 @@ class ClusterScheduler:
         return blocks, seqs
 
     def _capacity_retry_after_s(
-        self, version: str, service_class: ServiceClass, kv_blocks: int, delay_s: float, slo_s: float, now_s: float
+        self, version: str, service_class: ServiceClass, kv_blocks: int, delay_s: float, slo_s: float, now_s: float,
+        at_least_s: float = 0.0,
     ) -> float:
         """When a request refused now would be admitted: once the work ahead
-        has drained to within the SLO, in a slot of its own."""
+        has drained to within the SLO (and no sooner than `at_least_s`, an
+        overload stage's expected end), in a slot of its own."""
         views = self.live_replicas(version, now_s)
         total_blocks = sum(v.total_kv_blocks for v in views) or 1
         total_seats = sum(seats_of(v) for v in views) or 1
@@ -369,7 +479,7 @@ class ClusterScheduler:
         # Aim inside the SLO, not at its edge: a retry told to come back
         # when its predicted start is exactly the SLO is refused again by
         # any drift of the prediction, about half the time.
-        fits_at_s = now_s + max(delay_s - (1.0 - RETRY_SLO_MARGIN) * slo_s, drain_s)
+        fits_at_s = now_s + max(delay_s - (1.0 - RETRY_SLO_MARGIN) * slo_s, drain_s, at_least_s)
         return self._retry_slots[(version, service_class)].retry_after_s(now_s, fits_at_s, drain_s)
 
     def _tenant_retry_after_s(self, ask: Ask, now_s: float) -> float:
@@ -402,6 +512,47 @@ class ClusterScheduler:
                 }
             slots = self._tenant_retry_slots[key] = RetrySlots()
         return slots.retry_after_s(now_s, fits_at_s, spacing_s)
+
+    # -- overload ------------------------------------------------------------
+
+    def overload_stage(self, version: str) -> OverloadStage:
+        controller = self._overload.get(version)
+        return OverloadStage.NORMAL if controller is None else controller.stage
+
+    def overload_signals(self, version: str) -> PoolSignals | None:
+        controller = self._overload.get(version)
+        return None if controller is None else controller.signals
+
+    def _observe_overload(self, version: str, views: list[ReplicaView], now_s: float) -> None:
+        if now_s - self._overload_sampled_s.get(version, float("-inf")) < OVERLOAD_SAMPLE_INTERVAL_S:
+            return
+        self._overload_sampled_s[version] = now_s
+        controller = self._overload.get(version)
+        if controller is None:
+            controller = self._overload[version] = OverloadController(self.config.overload.policy)
+        change = controller.observe(self._pool_signals(version, views, now_s), now_s)
+        if change is not None:
+            self.stage_changes.append((version, change))
+
+    def _pool_signals(self, version: str, views: list[ReplicaView], now_s: float) -> PoolSignals:
+        if not views:
+            return PoolSignals(0.0, 0.0, 0.0)
+        interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
+        oldest_s = interactive.oldest_enqueued_s() if interactive else None
+        queued_blocks, queued_seqs = (interactive.kv_blocks, len(interactive)) if interactive else (0, 0)
+        held_blocks = sum(self.ledger.holding(v.replica_id).kv_blocks[ServiceClass.INTERACTIVE] for v in views)
+        # A typical chat joining now: its output's worth of blocks.
+        nominal_blocks = blocks_for(
+            self.config.reservation.default_output_tokens_interactive, views[0].block_size_tokens)
+        predicted_s = self._predict_delay_s(
+            version, ServiceClass.INTERACTIVE, WorkAhead(queued_blocks + nominal_blocks, queued_seqs + 1), now_s,
+            critical=False,
+        )
+        return PoolSignals(
+            interactive_queue_age_s=0.0 if oldest_s is None else now_s - oldest_s,
+            predicted_start_s=predicted_s,
+            kv_occupancy=(held_blocks + queued_blocks) / max(1, sum(v.total_kv_blocks for v in views)),
+        )
 
     # -- views for metrics ---------------------------------------------------
 

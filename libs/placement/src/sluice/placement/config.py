@@ -3,8 +3,10 @@ fills these from SLUICE_ settings; the simulator from its scenario."""
 
 from dataclasses import dataclass, field
 
+from sluice.admission.overload import OverloadPolicy
 from sluice.admission.reservation import ReservationPolicy
 from sluice.admission.tenant_caps import TenantLimitsTable
+from sluice.placement.asks import ServiceClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,42 @@ class ClassPolicy:
     def __post_init__(self) -> None:
         if self.ttft_slo_s <= 0 or self.max_queue_wait_s <= 0 or self.max_queue_length < 1:
             raise ValueError(f"class policy out of range: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadLevers:
+    """What each overload stage does (sluice.admission.overload says when).
+
+    Critical tenants (a `critical` priority on their key) are exempt from
+    every lever and keep a reserve that no other request may take."""
+
+    policy: OverloadPolicy = OverloadPolicy()
+    # Stage 2, for degradable requests (the key says so, or the class is
+    # listed): max_tokens is capped here (the response says
+    # `x-sluice-degraded: output_capped`), and prompts of at least
+    # `degraded_prompt_tokens` are refused with over_capacity: one of them
+    # holds the KV and prefill of dozens of chats.
+    degraded_output_tokens: int = 256
+    degraded_prompt_tokens: int = 4096
+    degradable_classes: frozenset[ServiceClass] = frozenset()
+    # Stage 4: an interactive request is queued only if its predicted start
+    # is within this; the rest are refused at once with a Retry-After, so
+    # the queue keeps a margin for prediction error instead of filling up
+    # to the SLO.
+    reject_predicted_start_s: float = 0.5
+    # Through every stage, this share of each replica's KV blocks and seats
+    # is kept for critical tenants (what they hold counts toward it), and
+    # this many places in each class queue.
+    critical_kv_reserve_share: float = 0.05
+    critical_queue_slots: int = 16
+
+    def __post_init__(self) -> None:
+        if self.degraded_output_tokens < 1 or self.degraded_prompt_tokens < 1:
+            raise ValueError("degraded caps must be >= 1 token")
+        if self.reject_predicted_start_s < 0:
+            raise ValueError("reject_predicted_start_s must be >= 0")
+        if not 0.0 <= self.critical_kv_reserve_share < 1.0 or self.critical_queue_slots < 0:
+            raise ValueError("critical_kv_reserve_share must be within [0, 1) and critical_queue_slots >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +98,7 @@ class PlacementConfig:
     stale_state_s: float = 5.0
     # A lease lets a replica drop a request whose router vanished.
     lease_ttl_s: float = 3600.0
+    overload: OverloadLevers = OverloadLevers()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.batch_max_share <= 1.0:
@@ -70,6 +109,8 @@ class PlacementConfig:
             raise ValueError("long_prompt_tokens must be >= 0 and long_prefills_per_replica >= 1")
         if not 0.0 <= self.prefix_load_margin <= 1.0:
             raise ValueError("prefix_load_margin must be within [0, 1]")
+        if self.overload.critical_queue_slots >= min(self.interactive.max_queue_length, self.batch.max_queue_length):
+            raise ValueError("critical_queue_slots must leave room in each queue for everyone else")
 
     def class_policy(self, is_batch: bool) -> ClassPolicy:
         return self.batch if is_batch else self.interactive

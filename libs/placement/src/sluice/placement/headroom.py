@@ -9,6 +9,10 @@
 So interactive reservations never exceed a replica's capacity; batch is
 only ever dispatched into KV nobody has reserved; the sum of both can pass
 capacity only by batch work that interactive displaced.
+
+A request from a tenant that is not critical also leaves the replica's
+critical reserve alone: `reserve_kv_blocks` / `reserve_seats` (what of the
+reserve critical tenants do not hold yet) come off its headroom.
 """
 
 from dataclasses import dataclass
@@ -39,6 +43,8 @@ def headroom(
     service_class: ServiceClass,
     interactive_present: bool,
     batch_max_share: float,
+    reserve_kv_blocks: int = 0,
+    reserve_seats: int = 0,
 ) -> Headroom:
     total_blocks = view.total_kv_blocks
     total_seats = seats_of(view)
@@ -49,10 +55,10 @@ def headroom(
     if service_class is ServiceClass.INTERACTIVE:
         kv = total_blocks - holding.kv_blocks[ServiceClass.INTERACTIVE]
         seats = total_seats - holding.seats[ServiceClass.INTERACTIVE]
-        return Headroom(kv, seats, load)
+        return Headroom(kv - reserve_kv_blocks, seats - reserve_seats, load)
     kv = min(total_blocks - holding.total_kv_blocks, view.free_kv_blocks - unseen_kv_blocks)
     seats = total_seats - holding.total_seats
     if interactive_present:
         kv = min(kv, int(batch_max_share * total_blocks) - holding.kv_blocks[ServiceClass.BATCH])
         seats = min(seats, int(batch_max_share * total_seats) - holding.seats[ServiceClass.BATCH])
-    return Headroom(kv, seats, load)
+    return Headroom(kv - reserve_kv_blocks, seats - reserve_seats, load)

@@ -26,12 +26,17 @@ class Reservation:
     is_long: bool
     granted_at_s: float
     started_at_s: float | None = None  # first token seen (prefill over)
+    critical: bool = False  # a critical tenant's: counts toward the critical reserve
+    output_cap_tokens: int = 0  # the overload cap it was granted under; 0 = none
 
 
 @dataclass(slots=True)
 class ReplicaHolding:
     kv_blocks: list[int] = dataclasses.field(default_factory=lambda: [0, 0])  # by ServiceClass
     seats: list[int] = dataclasses.field(default_factory=lambda: [0, 0])
+    # Of the above (both classes), what critical tenants hold.
+    critical_kv_blocks: int = 0
+    critical_seats: int = 0
 
     @property
     def total_kv_blocks(self) -> int:
@@ -114,6 +119,9 @@ class ReservationLedger:
         holding = self._by_replica[reservation.replica_id]
         holding.kv_blocks[reservation.service_class] += sign * reservation.kv_blocks
         holding.seats[reservation.service_class] += sign
+        if reservation.critical:
+            holding.critical_kv_blocks += sign * reservation.kv_blocks
+            holding.critical_seats += sign
         tenant_key = (reservation.model_version, reservation.tenant, reservation.service_class)
         tenant = self._by_tenant[tenant_key]
         tenant[0] += sign
