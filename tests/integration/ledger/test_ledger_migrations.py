@@ -1,19 +1,25 @@
-"""Migrations: apply on both dialects, are idempotent, match the models."""
+"""Migrations: apply on both dialects, are idempotent, match the models,
+and 0002 gives rows written under 0001 their defaults."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime, timezone
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import insert, inspect, select, text
+from sqlalchemy.exc import IntegrityError
 
 from sluice.ledger.database import create_ledger_engine
 from sluice.ledger.migrate import current_revision, head_revision, upgrade_database
-from sluice.ledger.schema import Base
+from sluice.ledger.schema import ApiKey, Attempt, Base, Tenant, Usage
 
-LEDGER_TABLES = {"tenants", "api_keys", "usage", "attempts"}
+LEDGER_TABLES = {"tenants", "api_keys", "usage", "attempts", "prices"}
+HEAD = "0002"
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 
 def test_upgrade_creates_the_ledger_at_head(ledger_url):
@@ -22,7 +28,7 @@ def test_upgrade_creates_the_ledger_at_head(ledger_url):
     try:
         assert LEDGER_TABLES <= set(inspect(engine).get_table_names())
         with engine.connect() as connection:
-            assert current_revision(connection) == head_revision() == "0001"
+            assert current_revision(connection) == head_revision() == HEAD
     finally:
         engine.dispose()
 
@@ -33,7 +39,7 @@ def test_upgrade_twice_is_a_no_op(ledger_url):
     engine = create_ledger_engine(ledger_url)
     try:
         with engine.connect() as connection:
-            assert current_revision(connection) == "0001"
+            assert current_revision(connection) == HEAD
     finally:
         engine.dispose()
 
@@ -51,7 +57,7 @@ def test_concurrent_upgrades_from_separate_processes_all_succeed(ledger_url):
     engine = create_ledger_engine(ledger_url)
     try:
         with engine.connect() as connection:
-            assert current_revision(connection) == "0001"
+            assert current_revision(connection) == HEAD
     finally:
         engine.dispose()
 
@@ -78,7 +84,84 @@ def test_no_table_has_room_for_prompt_or_output_text(ledger_url):
         engine.dispose()
     assert columns["usage"] == {
         "tenant_id", "request_id", "model", "model_version", "prompt_tokens",
-        "cached_tokens", "output_tokens", "finish_reason", "finished_at"}
+        "cached_tokens", "output_tokens", "finish_reason", "finished_at", "service_class"}
     assert columns["attempts"] == {
         "id", "attempt_id", "tenant_id", "request_id", "model", "model_version",
-        "prompt_tokens", "output_tokens", "outcome", "at"}
+        "prompt_tokens", "output_tokens", "outcome", "at", "service_class"}
+
+
+def _usage_row(request_id: str, **overrides: object) -> dict[str, object]:
+    return {"tenant_id": 1, "request_id": request_id, "model": "m", "model_version": "v1",
+            "prompt_tokens": 3, "cached_tokens": 0, "output_tokens": 5, "finish_reason": "stop",
+            "finished_at": T0, **overrides}
+
+
+def test_0002_gives_rows_from_0001_their_defaults(ledger_url):
+    upgrade_database(ledger_url, revision="0001")
+    engine = create_ledger_engine(ledger_url)
+    try:
+        # Plain SQL naming the 0001 columns only (the models would add the
+        # new columns' Python defaults), as a 0001 gateway wrote them.
+        with engine.begin() as connection:
+            connection.execute(text("INSERT INTO tenants (id, name) VALUES (1, 'acme')"))
+            connection.execute(text(
+                "INSERT INTO usage (tenant_id, request_id, model, model_version, prompt_tokens,"
+                " cached_tokens, output_tokens, finish_reason, finished_at)"
+                " VALUES (1, 'r1', 'm', 'v1', 3, 0, 5, 'stop', :at)"), {"at": T0})
+            connection.execute(text(
+                "INSERT INTO attempts (attempt_id, tenant_id, request_id, model, model_version,"
+                " prompt_tokens, output_tokens, outcome, at)"
+                " VALUES ('a1', 1, 'r0', 'm', 'v1', 3, 0, 'error', :at)"), {"at": T0})
+            connection.execute(text(
+                "INSERT INTO api_keys (key_hash, key_prefix, tenant_id) VALUES ('h', 'sk-sluice-x', 1)"))
+        upgrade_database(ledger_url)
+        with engine.connect() as connection:
+            assert connection.execute(select(Usage.service_class)).scalar_one() == "interactive"
+            assert connection.execute(select(Attempt.service_class)).scalar_one() == "interactive"
+            key = connection.execute(
+                select(ApiKey.priority, ApiKey.degradable, ApiKey.allow_fallback)).one()
+            assert tuple(key) == ("normal", False, False)
+    finally:
+        engine.dispose()
+
+
+def test_0002_checks_are_enforced_and_0001_checks_survive_the_rebuild(ledger_url):
+    # On SQLite 0002 rebuilds usage, attempts and api_keys; their old CHECKs
+    # must come through the copy.
+    upgrade_database(ledger_url)
+    engine = create_ledger_engine(ledger_url)
+    bad_rows = [
+        (Usage, _usage_row("r2", service_class="bulk")),
+        (Usage, _usage_row("r3", finish_reason="cancelled")),
+        (Usage, _usage_row("r4", cached_tokens=9)),
+        (ApiKey, {"key_hash": "h", "key_prefix": "p", "tenant_id": 1, "priority": "urgent"}),
+        (Attempt, {"attempt_id": "a", "tenant_id": 1, "request_id": "r", "model": "m",
+                   "model_version": "v1", "prompt_tokens": 1, "output_tokens": 0,
+                   "outcome": "error", "at": T0, "service_class": "bulk"}),
+    ]
+    try:
+        with engine.begin() as connection:
+            connection.execute(insert(Tenant.__table__).values(id=1, name="acme"))
+        for model, row in bad_rows:
+            with pytest.raises(IntegrityError), engine.begin() as connection:
+                connection.execute(insert(model.__table__).values(row))
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_to_0001_and_back(ledger_url):
+    from alembic import command
+
+    from sluice.ledger.migrate import alembic_config
+
+    upgrade_database(ledger_url)
+    command.downgrade(alembic_config(ledger_url), "0001")
+    engine = create_ledger_engine(ledger_url)
+    try:
+        inspector = inspect(engine)
+        assert "prices" not in inspector.get_table_names()
+        assert "service_class" not in {c["name"] for c in inspector.get_columns("usage")}
+        assert "priority" not in {c["name"] for c in inspector.get_columns("api_keys")}
+    finally:
+        engine.dispose()
+    upgrade_database(ledger_url)

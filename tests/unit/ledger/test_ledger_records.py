@@ -27,6 +27,7 @@ ATTEMPT = dict(tenant="acme", request_id="req-1", model="llama-tiny", model_vers
     {"prompt_tokens": 1.5},
     {"tenant": ""},
     {"request_id": ""},
+    {"service_class": "flex"},
 ])
 def test_bad_usage_records_are_refused(change):
     with pytest.raises(ValueError):
@@ -38,6 +39,7 @@ def test_bad_usage_records_are_refused(change):
     {"at": datetime(2025, 3, 1)},
     {"prompt_tokens": -3},
     {"attempt_id": ""},
+    {"service_class": "bulk"},
 ])
 def test_bad_attempt_records_are_refused(change):
     with pytest.raises(ValueError):
@@ -57,11 +59,29 @@ def test_each_attempt_gets_its_own_id():
     UsageRecord(**{**USAGE, "finished_at": T0.astimezone(timezone(timedelta(hours=5, minutes=30)))}),
     UsageRecord(**{**USAGE, "finish_reason": "length"}),
     AttemptRecord(**{**ATTEMPT, "outcome": "error"}),
+    UsageRecord(**{**USAGE, "service_class": "batch"}),
+    AttemptRecord(**{**ATTEMPT, "service_class": "batch"}),
 ])
 def test_outbox_encoding_round_trips(record):
     decoded = decode_record(*encode_record(record))
     assert decoded == record
     assert type(decoded) is type(record)
+
+
+@pytest.mark.parametrize(("kind", "payload"), [
+    # Written by a gateway from before service_class existed, still queued
+    # in its outbox file when the new gateway starts and drains it.
+    ("usage", '{"tenant":"acme","request_id":"req-1","model":"llama-tiny","model_version":"v1",'
+              '"prompt_tokens":10,"cached_tokens":4,"output_tokens":20,"finish_reason":"stop",'
+              '"finished_at":"2025-03-01T12:00:00+00:00"}'),
+    ("attempt", '{"tenant":"acme","request_id":"req-1","model":"llama-tiny","model_version":"v1",'
+                '"prompt_tokens":10,"output_tokens":3,"outcome":"cancelled",'
+                '"at":"2025-03-01T12:00:00+00:00","attempt_id":"abc"}'),
+])
+def test_outbox_entries_from_before_service_class_decode_as_interactive(kind, payload):
+    record = decode_record(kind, payload)
+    assert record.service_class == "interactive"
+    assert record.tenant == "acme" and record.prompt_tokens == 10
 
 
 def test_unknown_kind_does_not_decode():

@@ -11,6 +11,7 @@ from sluice.ledger.database import create_ledger_engine, default_database_url, r
 from sluice.ledger.keys import ApiKeyRecord, KeyStore, hash_key
 from sluice.ledger.migrate import upgrade_database
 from sluice.ledger.outbox import Outbox, OutboxFlusher
+from sluice.ledger.pricing import Price, cost_of
 from sluice.ledger.records import AttemptRecord, AttemptRow, UsageRecord, UsageRow
 from sluice.ledger.store import LedgerStore
 
@@ -22,8 +23,10 @@ __all__ = [
     "LedgerStore",
     "Outbox",
     "OutboxFlusher",
+    "Price",
     "UsageRecord",
     "UsageRow",
+    "cost_of",
     "create_ledger_engine",
     "default_database_url",
     "hash_key",

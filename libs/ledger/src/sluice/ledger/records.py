@@ -14,13 +14,16 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from decimal import Decimal
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
 AttemptOutcome = Literal["cancelled", "error"]
+ServiceClass = Literal["interactive", "batch"]
 
 BILLABLE_FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 ATTEMPT_OUTCOMES: tuple[str, ...] = ("cancelled", "error")
+SERVICE_CLASSES: tuple[str, ...] = ("interactive", "batch")
 
 
 def _require_aware(name: str, value: datetime) -> None:
@@ -42,10 +45,17 @@ def _require_text(**texts: str) -> None:
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
 
+def _require_service_class(value: str) -> None:
+    if value not in SERVICE_CLASSES:
+        raise ValueError(f"service_class must be one of {SERVICE_CLASSES}, got {value!r}")
+
+
 @dataclass(slots=True, frozen=True)
 class UsageRecord:
     """One billed request. `cached_tokens` is the part of `prompt_tokens`
-    served from the prefix cache, so it never exceeds it."""
+    served from the prefix cache, so it never exceeds it. `service_class`
+    picks the price (batch may be discounted); it defaults to interactive so
+    records queued in an outbox before the field existed still decode."""
 
     tenant: str
     request_id: str
@@ -56,6 +66,7 @@ class UsageRecord:
     output_tokens: int
     finish_reason: FinishReason
     finished_at: datetime
+    service_class: ServiceClass = "interactive"
 
     def __post_init__(self) -> None:
         _require_text(tenant=self.tenant, request_id=self.request_id, model=self.model,
@@ -68,6 +79,7 @@ class UsageRecord:
         if self.finish_reason not in BILLABLE_FINISH_REASONS:
             raise ValueError(
                 f"finish_reason must be one of {BILLABLE_FINISH_REASONS}, got {self.finish_reason!r}")
+        _require_service_class(self.service_class)
         _require_aware("finished_at", self.finished_at)
 
 
@@ -90,6 +102,7 @@ class AttemptRecord:
     outcome: AttemptOutcome
     at: datetime
     attempt_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    service_class: ServiceClass = "interactive"
 
     def __post_init__(self) -> None:
         _require_text(tenant=self.tenant, request_id=self.request_id, model=self.model,
@@ -97,14 +110,21 @@ class AttemptRecord:
         _require_counts(prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
         if self.outcome not in ATTEMPT_OUTCOMES:
             raise ValueError(f"outcome must be one of {ATTEMPT_OUTCOMES}, got {self.outcome!r}")
+        _require_service_class(self.service_class)
         _require_aware("at", self.at)
 
 
 @dataclass(slots=True, frozen=True)
 class UsageRow:
     """One line of a usage summary. `model` is set when grouped by model,
-    `day` (a UTC calendar day) when grouped by day, `tenant` when a single
-    tenant was asked for or when grouped by tenant; otherwise None."""
+    `day` (a UTC calendar day) when grouped by day (both for model_day),
+    `tenant` when a single tenant was asked for or when grouped by tenant;
+    otherwise None.
+
+    `cost` is exact, in `currency`. It is None (never 0) when any request in
+    the row ran on a model version with no price: `unpriced_versions` names
+    those versions, so a partial sum is never mistaken for the bill.
+    """
 
     tenant: str | None
     model: str | None
@@ -113,6 +133,9 @@ class UsageRow:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    cost: Decimal | None = None
+    currency: str | None = None
+    unpriced_versions: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

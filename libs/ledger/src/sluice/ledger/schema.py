@@ -8,6 +8,9 @@ a revision fails there.
     tenants   1 ──< api_keys    key_hash = sha256 hex of the key, never the key
               1 ──< usage       PK (tenant_id, request_id): billed at most once
               1 ──< attempts    unbilled, many per request; attempt_id unique
+    prices                      PK model_version; read by usage summaries
+                                (usage.model_version -> prices, no FK: a
+                                version may be billed before it is priced)
 
 No table holds prompt or output text.
 """
@@ -97,6 +100,7 @@ class Tenant(Base):
 
 class ApiKey(Base):
     __tablename__ = "api_keys"
+    __table_args__ = (CheckConstraint("priority IN ('normal', 'critical')", name="priority"),)
 
     key_hash: Mapped[str] = mapped_column(Text, primary_key=True)
     # The first characters of the key, so a human can tell keys apart in a
@@ -107,6 +111,13 @@ class ApiKey(Base):
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer)
     requests_per_minute: Mapped[int | None] = mapped_column(Integer)
     max_concurrency: Mapped[int | None] = mapped_column(Integer)
+    # Overload policy, read by the gateway's auth and overload control:
+    # 'critical' keys are shed last; `degradable` lets overload control cap
+    # the key's output; `allow_fallback` lets it serve the key's requests
+    # from a smaller fallback model version.
+    priority: Mapped[str] = mapped_column(Text, default="normal", server_default="normal")
+    degradable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    allow_fallback: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(
         UtcDateTime, default=utc_now, server_default=func.now())
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
@@ -116,6 +127,7 @@ class Usage(Base):
     __tablename__ = "usage"
     __table_args__ = (
         CheckConstraint("finish_reason IN ('stop', 'length')", name="finish_reason"),
+        CheckConstraint("service_class IN ('interactive', 'batch')", name="service_class"),
         CheckConstraint(
             "prompt_tokens >= 0 AND cached_tokens >= 0 AND output_tokens >= 0"
             " AND cached_tokens <= prompt_tokens",
@@ -132,6 +144,8 @@ class Usage(Base):
     cached_tokens: Mapped[int] = mapped_column(Integer)
     output_tokens: Mapped[int] = mapped_column(Integer)
     finish_reason: Mapped[str] = mapped_column(Text)
+    # Rows from before revision 0002 are interactive: batch did not exist.
+    service_class: Mapped[str] = mapped_column(Text, default="interactive", server_default="interactive")
     finished_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
 
 
@@ -139,6 +153,7 @@ class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         CheckConstraint("outcome IN ('cancelled', 'error')", name="outcome"),
+        CheckConstraint("service_class IN ('interactive', 'batch')", name="service_class"),
         CheckConstraint("prompt_tokens >= 0 AND output_tokens >= 0", name="token_counts"),
     )
 
@@ -152,4 +167,32 @@ class Attempt(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     output_tokens: Mapped[int] = mapped_column(Integer)
     outcome: Mapped[str] = mapped_column(Text)
+    service_class: Mapped[str] = mapped_column(Text, default="interactive", server_default="interactive")
     at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+
+
+class Price(Base):
+    """What one model version costs, in integer millionths of `currency`
+    per million tokens (see sluice.ledger.pricing for why integers)."""
+
+    __tablename__ = "prices"
+    __table_args__ = (
+        CheckConstraint(
+            "input_micros_per_mtok >= 0 AND cached_input_micros_per_mtok >= 0"
+            " AND output_micros_per_mtok >= 0",
+            name="non_negative"),
+        CheckConstraint("batch_discount_ppm >= 0 AND batch_discount_ppm <= 1000000",
+                        name="batch_discount"),
+        CheckConstraint("length(currency) = 3", name="currency"),
+    )
+
+    model_version: Mapped[str] = mapped_column(Text, primary_key=True)
+    input_micros_per_mtok: Mapped[int] = mapped_column(BigInteger)
+    cached_input_micros_per_mtok: Mapped[int] = mapped_column(BigInteger)
+    output_micros_per_mtok: Mapped[int] = mapped_column(BigInteger)
+    # The fraction taken off a batch request's cost, in millionths:
+    # 500000 = batch costs half.
+    batch_discount_ppm: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    currency: Mapped[str] = mapped_column(Text, default="USD", server_default="USD")
+    updated_at: Mapped[datetime] = mapped_column(
+        UtcDateTime, default=utc_now, server_default=func.now())
