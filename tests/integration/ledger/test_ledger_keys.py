@@ -62,3 +62,29 @@ def test_active_keys_snapshot_covers_every_tenant(ledger_store):
 def test_nonsense_limits_are_refused(ledger_store, limit):
     with pytest.raises(ValueError):
         KeyStore(ledger_store).create_key("acme", tokens_per_minute=limit)
+
+
+def test_overload_policy_defaults_to_normal_with_no_concessions(ledger_store):
+    keys = KeyStore(ledger_store)
+    record = keys.lookup(keys.create_key("acme"))
+    assert (record.priority, record.degradable, record.allow_fallback) == ("normal", False, False)
+
+
+def test_overload_policy_round_trips_through_lookup_and_the_snapshot(ledger_store):
+    keys = KeyStore(ledger_store)
+    critical = keys.create_key("acme", priority="critical")
+    flexible = keys.create_key("acme", degradable=True, allow_fallback=True)
+    assert keys.lookup(critical) == ApiKeyRecord(
+        tenant="acme", is_admin=False, tokens_per_minute=None, requests_per_minute=None,
+        max_concurrency=None, priority="critical", degradable=False, allow_fallback=False)
+    snapshot = keys.active_keys()
+    assert (snapshot[hash_key(flexible)].degradable, snapshot[hash_key(flexible)].allow_fallback,
+            snapshot[hash_key(flexible)].priority) == (True, True, "normal")
+
+
+@pytest.mark.parametrize("policy", [{"priority": "urgent"}, {"degradable": 1}, {"allow_fallback": "yes"}])
+def test_nonsense_policy_is_refused_before_anything_is_written(ledger_store, policy):
+    keys = KeyStore(ledger_store)
+    with pytest.raises(ValueError):
+        keys.create_key("acme", **policy)
+    assert keys.active_keys() == {}

@@ -11,7 +11,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Row, Select, insert, select, update
 
@@ -23,6 +23,9 @@ KEY_PREFIX = "sk-sluice-"
 # apart in a listing, far too little to help guess the rest.
 DISPLAY_PREFIX_CHARS = len(KEY_PREFIX) + 8
 
+KeyPriority = Literal["normal", "critical"]
+KEY_PRIORITIES: tuple[str, ...] = ("normal", "critical")
+
 
 def hash_key(key: str) -> str:
     """SHA-256 hex of the key; what api_keys.key_hash holds."""
@@ -32,18 +35,39 @@ def hash_key(key: str) -> str:
 @dataclass(slots=True, frozen=True)
 class ApiKeyRecord:
     """What the gateway needs to admit a request made with a key. A limit
-    of None means the key sets none (the gateway's defaults apply)."""
+    of None means the key sets none (the gateway's defaults apply).
+
+    The overload policy (read by the gateway's auth, acted on by overload
+    control; the defaults are what every key had before there was one):
+    `priority` 'critical' keys are shed last; `degradable` lets overload
+    control cap this key's output; `allow_fallback` lets it serve this key's
+    requests from a smaller fallback model version.
+    """
 
     tenant: str
     is_admin: bool
     tokens_per_minute: int | None
     requests_per_minute: int | None
     max_concurrency: int | None
+    priority: KeyPriority = "normal"
+    degradable: bool = False
+    allow_fallback: bool = False
+
+    def __post_init__(self) -> None:
+        _check_policy(self.priority, self.degradable, self.allow_fallback)
 
 
 def _check_limit(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
         raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+def _check_policy(priority: str, degradable: bool, allow_fallback: bool) -> None:
+    if priority not in KEY_PRIORITIES:
+        raise ValueError(f"priority must be one of {KEY_PRIORITIES}, got {priority!r}")
+    for name, value in (("degradable", degradable), ("allow_fallback", allow_fallback)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
 class KeyStore:
@@ -59,12 +83,18 @@ class KeyStore:
         requests_per_minute: int | None = None,
         max_concurrency: int | None = None,
         is_admin: bool = False,
+        *,
+        priority: KeyPriority = "normal",
+        degradable: bool = False,
+        allow_fallback: bool = False,
     ) -> str:
         """Mint a key for `tenant` (created if new; promoted to admin when
-        `is_admin`). Returns the plaintext key: this is the only time it exists."""
+        `is_admin`) with the overload policy ApiKeyRecord describes.
+        Returns the plaintext key: this is the only time it exists."""
         _check_limit("tokens_per_minute", tokens_per_minute)
         _check_limit("requests_per_minute", requests_per_minute)
         _check_limit("max_concurrency", max_concurrency)
+        _check_policy(priority, degradable, allow_fallback)
         tenant_id = self._store.ensure_tenant(tenant, is_admin=is_admin)
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         with self._store.engine.begin() as connection:
@@ -75,6 +105,9 @@ class KeyStore:
                 tokens_per_minute=tokens_per_minute,
                 requests_per_minute=requests_per_minute,
                 max_concurrency=max_concurrency,
+                priority=priority,
+                degradable=degradable,
+                allow_fallback=allow_fallback,
                 created_at=datetime.now(timezone.utc),
             ))
         return key
@@ -106,7 +139,8 @@ class KeyStore:
     def _active_query() -> Select[Any]:
         return (
             select(ApiKey.key_hash, Tenant.name, Tenant.is_admin, ApiKey.tokens_per_minute,
-                   ApiKey.requests_per_minute, ApiKey.max_concurrency)
+                   ApiKey.requests_per_minute, ApiKey.max_concurrency, ApiKey.priority,
+                   ApiKey.degradable, ApiKey.allow_fallback)
             .join(Tenant, Tenant.id == ApiKey.tenant_id)
             .where(ApiKey.revoked_at.is_(None))
         )
@@ -120,4 +154,7 @@ def _record(row: Row[Any]) -> ApiKeyRecord:
         tokens_per_minute=row.tokens_per_minute,
         requests_per_minute=row.requests_per_minute,
         max_concurrency=row.max_concurrency,
+        priority=row.priority,
+        degradable=bool(row.degradable),
+        allow_fallback=bool(row.allow_fallback),
     )
