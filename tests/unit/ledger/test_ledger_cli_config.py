@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from decimal import Decimal
+
 import pytest
 
 from sluice.ledger.cli import build_parser
@@ -28,8 +31,35 @@ def test_create_parses_limits():
             args.max_concurrency, args.admin) == ("acme", 100, 5, 2, True)
 
 
+def test_create_parses_the_overload_policy():
+    args = build_parser().parse_args(["keys", "create", "--tenant", "acme"])
+    assert (args.priority, args.degradable, args.allow_fallback) == ("normal", False, False)
+    args = build_parser().parse_args(
+        ["keys", "create", "--tenant", "acme", "--priority", "critical", "--degradable", "--allow-fallback"])
+    assert (args.priority, args.degradable, args.allow_fallback) == ("critical", True, True)
+
+
+def test_prices_set_parses_decimals_without_a_float():
+    args = build_parser().parse_args(
+        ["prices", "set", "v1", "--input", "0.1", "--cached-input", "0.05", "--output", "0.3"])
+    assert (args.model_version, args.input, args.cached_input, args.output, args.batch_discount,
+            args.currency) == ("v1", Decimal("0.1"), Decimal("0.05"), Decimal("0.3"), 0, "USD")
+    assert str(args.input) == "0.1"  # not 0.1000000000000000055511151231257827
+
+
+def test_usage_reads_a_date_as_utc_midnight():
+    args = build_parser().parse_args(["usage", "--tenant", "acme", "--start", "2025-03-01"])
+    assert args.start == datetime(2025, 3, 1, tzinfo=timezone.utc)
+    assert args.end is None
+
+
 @pytest.mark.parametrize("argv", [
     ["keys", "create"],
+    ["keys", "create", "--tenant", "acme", "--priority", "urgent"],
+    ["prices", "set", "v1", "--input", "cheap", "--cached-input", "0", "--output", "0"],
+    ["prices", "set", "v1", "--input", "1", "--output", "1"],
+    ["usage"],
+    ["usage", "--tenant", "acme", "--start", "yesterday"],
     ["keys", "create", "--tenant", "acme", "--max-concurrency", "0"],
     ["keys"],
     ["db", "downgrade"],
