@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import httpx
 import openai
@@ -94,6 +95,21 @@ def test_usage_totals_match_the_ledger_and_stay_within_the_tenant(stack, stack_d
     assert [row["day"] for row in usage(group_by="day")["data"]] == [today]
     future = int((datetime.now(UTC) + timedelta(days=1)).timestamp())
     assert usage(start=future, end=future + 60)["data"][0]["requests"] == 0
+
+    # Cost: none until the served version has a price (the session's ledger
+    # starts with none), then exact, as a decimal string.
+    assert total["cost"] is None
+    [version] = total["unpriced_model_versions"]
+    priced = sluice_cli(stack_database_url, "prices", "set", version, "--input", "1",
+                        "--cached-input", "0.5", "--output", "2")
+    assert priced.returncode == 0, priced.stderr
+    total = usage()["data"][0]
+    micros = ((total["prompt_tokens"] - total["cached_tokens"]) * 1_000_000 + total["cached_tokens"] * 500_000
+              + total["completion_tokens"] * 2_000_000)
+    assert total["cost"] == {"value": format((Decimal(micros) / 10**12).normalize(), "f"), "currency": "usd"}
+    assert total["unpriced_model_versions"] == []
+    [by_model_day] = usage(group_by="model,day")["data"]
+    assert (by_model_day["model"], by_model_day["day"], by_model_day["cost"]) == ("tiny-llama", today, total["cost"])
 
     # The same totals straight from the ledger tables.
     with LedgerStore(stack_database_url) as ledger:
