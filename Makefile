@@ -7,6 +7,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check
 MODEL_DIR := .sluice/models/tiny-llama
+# A 2-layer model with the same tokenizer: the fallback version in the
+# overload and routing tests.
+SMALL_MODEL_DIR := .sluice/models/tiny-llama-small
 
 # Every distribution in the repo, installed editable into one dev venv.
 # (Each one is installable on its own with only its own dependencies.)
@@ -33,7 +36,10 @@ install: $(VENV)/.installed
 $(MODEL_DIR)/config.json: | $(VENV)/.installed
 	$(PY) -m sluice.tinymodel $(MODEL_DIR)
 
-model: $(MODEL_DIR)/config.json
+$(SMALL_MODEL_DIR)/config.json: | $(VENV)/.installed
+	$(PY) -m sluice.tinymodel $(SMALL_MODEL_DIR) --layers 2 --seed 1
+
+model: $(MODEL_DIR)/config.json $(SMALL_MODEL_DIR)/config.json
 
 run: install model
 	$(PY) -m sluice.devstack --model-dir $(MODEL_DIR)

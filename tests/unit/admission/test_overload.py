@@ -53,7 +53,7 @@ def test_stages_are_entered_in_order_one_hold_apart():
 @pytest.mark.parametrize("signals", [
     PoolSignals(interactive_queue_age_s=0.6, predicted_start_s=0.0, kv_occupancy=0.0),
     PoolSignals(interactive_queue_age_s=0.0, predicted_start_s=0.6, kv_occupancy=0.0),
-    PoolSignals(interactive_queue_age_s=0.0, predicted_start_s=0.0, kv_occupancy=0.85),
+    PoolSignals(interactive_queue_age_s=0.0, predicted_start_s=0.0, kv_occupancy=0.92),
 ])
 def test_any_one_signal_past_its_entry_threshold_enters_stage_one(signals):
     controller = make_controller()

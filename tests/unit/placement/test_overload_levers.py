@@ -210,3 +210,18 @@ def test_a_pool_that_is_merely_busy_stays_normal():
     assert len(scheduler.ledger) == 10
     assert scheduler.overload_stage("v1") is OverloadStage.NORMAL
     assert scheduler.overload_signals("v1").kv_occupancy == 0.0
+
+
+def test_a_pool_full_of_running_chats_with_nobody_waiting_stays_normal_and_queues_batch():
+    scheduler = make_scheduler(make_view("r0", total=100, step_time_s=0.05), overload=levers())
+    for i in range(10):
+        scheduler.enqueue(make_ask(f"run{i}", tenant=f"t{i}", prompt=16, max_tokens=144), 0.0)
+    scheduler.schedule(0.0)
+    now_s = 0.0
+    for _ in range(50):
+        now_s = round(now_s + 0.1, 6)
+        scheduler.observe_replica(make_view("r0", total=100, step_time_s=0.05, seen_at_s=now_s))
+        scheduler.schedule(now_s)
+    assert scheduler.overload_stage("v1") is OverloadStage.NORMAL
+    assert scheduler.overload_signals("v1").predicted_start_s == 0.0
+    assert isinstance(scheduler.enqueue(make_ask("b", service_class=BATCH), now_s), Queued)

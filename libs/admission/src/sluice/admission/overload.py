@@ -16,9 +16,11 @@ of KV and queue slots, see sluice.placement.config); health probes and the
 replica canary never pass through the scheduler at all.
 
 Signals, per pool: the age of the oldest queued interactive request, the
-predicted start of an interactive request joining now, and the share of
-the pool's KV held by interactive work (reserved + queued). Batch soaking
-leftover KV is the design working, not overload, so it is not counted.
+predicted start of an interactive request joining behind the queued ones
+(0 while none is queued: a full pool that keeps up is busy, not
+overloaded), and the share of the pool's KV held by interactive work
+(reserved + queued). Batch soaking leftover KV is the design working, not
+overload, so it is not counted.
 
 Hysteresis: stage n+1 is entered when any signal has been at or past its
 entry threshold for `enter_hold_s`; stage n is left (to n-1) when every
@@ -54,7 +56,7 @@ STAGE_NAMES = {
 @dataclass(frozen=True, slots=True)
 class PoolSignals:
     interactive_queue_age_s: float  # the oldest queued interactive request; 0 when none
-    predicted_start_s: float        # for an interactive request that joined now
+    predicted_start_s: float        # for an interactive request joining behind the queue; 0 when none queued
     kv_occupancy: float             # interactive reserved + queued KV / pool KV, 0..1+
 
 
@@ -104,10 +106,10 @@ def default_stage_thresholds(interactive_slo_s: float) -> tuple[StageThresholds,
         return StageThresholds(enter * slo, exit_ * slo, enter * slo, exit_ * slo, enter_kv, exit_kv)
 
     return (
-        stage(0.25, 0.05, 0.80, 0.60),
-        stage(0.40, 0.15, 0.90, 0.75),
-        stage(0.55, 0.25, 0.95, 0.85),
-        stage(0.70, 0.35, 0.98, 0.90),
+        stage(0.25, 0.05, 0.90, 0.75),
+        stage(0.40, 0.15, 0.94, 0.85),
+        stage(0.55, 0.25, 0.97, 0.90),
+        stage(0.70, 0.35, 0.99, 0.93),
     )
 
 

@@ -541,13 +541,18 @@ class ClusterScheduler:
         oldest_s = interactive.oldest_enqueued_s() if interactive else None
         queued_blocks, queued_seqs = (interactive.kv_blocks, len(interactive)) if interactive else (0, 0)
         held_blocks = sum(self.ledger.holding(v.replica_id).kv_blocks[ServiceClass.INTERACTIVE] for v in views)
-        # A typical chat joining now: its output's worth of blocks.
-        nominal_blocks = blocks_for(
-            self.config.reservation.default_output_tokens_interactive, views[0].block_size_tokens)
-        predicted_s = self._predict_delay_s(
-            version, ServiceClass.INTERACTIVE, WorkAhead(queued_blocks + nominal_blocks, queued_seqs + 1), now_s,
-            critical=False,
-        )
+        # When a typical chat (its output's worth of blocks) joining behind
+        # the queued interactive work would start. Only while some is queued:
+        # a pool that is full but keeps up with its arrivals is busy, not
+        # overloaded, and batch keeps queueing for what it leaves.
+        predicted_s = 0.0
+        if queued_seqs:
+            nominal_blocks = blocks_for(
+                self.config.reservation.default_output_tokens_interactive, views[0].block_size_tokens)
+            predicted_s = self._predict_delay_s(
+                version, ServiceClass.INTERACTIVE, WorkAhead(queued_blocks + nominal_blocks, queued_seqs + 1), now_s,
+                critical=False,
+            )
         return PoolSignals(
             interactive_queue_age_s=0.0 if oldest_s is None else now_s - oldest_s,
             predicted_start_s=predicted_s,

@@ -24,7 +24,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "model", "chat", "prompt_text", "sampling", "max_output_tokens", "service_class", "deadline_unix_s")
+    __slots__ = ("request_id", "tenant", "model", "chat", "prompt_text", "sampling", "max_output_tokens", "service_class", "deadline_unix_s", "critical", "degradable", "allow_fallback")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,9 @@ class GenerateRequest(_message.Message):
     MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_FIELD_NUMBER: _ClassVar[int]
+    DEGRADABLE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FALLBACK_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model: str
@@ -43,7 +46,10 @@ class GenerateRequest(_message.Message):
     max_output_tokens: int
     service_class: _common_pb2.ServiceClass
     deadline_unix_s: float
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., deadline_unix_s: _Optional[float] = ...) -> None: ...
+    critical: bool
+    degradable: bool
+    allow_fallback: bool
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., deadline_unix_s: _Optional[float] = ..., critical: _Optional[bool] = ..., degradable: _Optional[bool] = ..., allow_fallback: _Optional[bool] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("admitted", "delta", "finished", "error")
@@ -58,14 +64,20 @@ class GenerateEvent(_message.Message):
     def __init__(self, admitted: _Optional[_Union[Admitted, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class Admitted(_message.Message):
-    __slots__ = ("model_version", "prompt_tokens", "replica_id")
+    __slots__ = ("model_version", "prompt_tokens", "replica_id", "model", "degraded", "output_cap_tokens")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_CAP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model_version: str
     prompt_tokens: int
     replica_id: str
-    def __init__(self, model_version: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    model: str
+    degraded: _containers.RepeatedScalarFieldContainer[str]
+    output_cap_tokens: int
+    def __init__(self, model_version: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., degraded: _Optional[_Iterable[str]] = ..., output_cap_tokens: _Optional[int] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("text", "token_ids")

@@ -18,7 +18,7 @@ class PlacementRequest(_message.Message):
     def __init__(self, enqueue: _Optional[_Union[Enqueue, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class Enqueue(_message.Message):
-    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s", "requested_output_tokens", "prompt_block_hashes", "block_size_tokens")
+    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s", "requested_output_tokens", "prompt_block_hashes", "block_size_tokens", "critical", "degradable", "fallback_model_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,9 @@ class Enqueue(_message.Message):
     REQUESTED_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CRITICAL_FIELD_NUMBER: _ClassVar[int]
+    DEGRADABLE_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model_version: str
@@ -39,7 +42,10 @@ class Enqueue(_message.Message):
     requested_output_tokens: int
     prompt_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     block_size_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., requested_output_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[bytes]] = ..., block_size_tokens: _Optional[int] = ...) -> None: ...
+    critical: bool
+    degradable: bool
+    fallback_model_version: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., requested_output_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[bytes]] = ..., block_size_tokens: _Optional[int] = ..., critical: _Optional[bool] = ..., degradable: _Optional[bool] = ..., fallback_model_version: _Optional[str] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("request_id",)
@@ -66,14 +72,18 @@ class Placement(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., dispatch: _Optional[_Union[Dispatch, _Mapping]] = ..., reject: _Optional[_Union[Reject, _Mapping]] = ...) -> None: ...
 
 class Dispatch(_message.Message):
-    __slots__ = ("replica_id", "replica_address", "lease")
+    __slots__ = ("replica_id", "replica_address", "lease", "model_version", "output_cap_tokens")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_CAP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     replica_address: str
     lease: _common_pb2.Lease
-    def __init__(self, replica_id: _Optional[str] = ..., replica_address: _Optional[str] = ..., lease: _Optional[_Union[_common_pb2.Lease, _Mapping]] = ...) -> None: ...
+    model_version: str
+    output_cap_tokens: int
+    def __init__(self, replica_id: _Optional[str] = ..., replica_address: _Optional[str] = ..., lease: _Optional[_Union[_common_pb2.Lease, _Mapping]] = ..., model_version: _Optional[str] = ..., output_cap_tokens: _Optional[int] = ...) -> None: ...
 
 class Reject(_message.Message):
     __slots__ = ("reason", "message", "retry_after_s")

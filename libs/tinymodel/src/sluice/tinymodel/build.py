@@ -41,13 +41,18 @@ from sluice.tinymodel.weights import TinyLlamaDims, init_weights
 _SAFETENSORS_METADATA = {"format": "pt"}
 
 
-def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
-    """Build the checkpoint into out_dir (replacing it if present); return out_dir."""
+def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0, num_layers: int | None = None) -> Path:
+    """Build the checkpoint into out_dir (replacing it if present); return out_dir.
+
+    `num_layers` below the default builds a smaller model with the same
+    tokenizer and chat template: the fallback version of the overload tests
+    and the routing rules (a version that takes another's traffic must
+    read the same token ids)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        _write_checkpoint(staging, seed=seed)
+        _write_checkpoint(staging, seed=seed, num_layers=num_layers)
         # mkdtemp makes the directory private (0700) and safetensors writes
         # 0600; a checkpoint is meant to be read by other users (containers).
         staging.chmod(0o755)
@@ -66,8 +71,8 @@ def build_tiny_checkpoint(out_dir: Path, *, seed: int = 0) -> Path:
     return out_dir
 
 
-def _write_checkpoint(directory: Path, *, seed: int) -> None:
-    dims = TinyLlamaDims()
+def _write_checkpoint(directory: Path, *, seed: int, num_layers: int | None) -> None:
+    dims = TinyLlamaDims() if num_layers is None else TinyLlamaDims(num_hidden_layers=num_layers)
     tokenizer = train_tokenizer(dims.vocab_size, stdlib_corpus())
     files = tokenizer_files(tokenizer)
     special_ids = {

@@ -28,6 +28,12 @@ class Tenant:
     is_admin: bool = False
     limits: TenantLimits = field(default_factory=TenantLimits)
     max_concurrency: int | None = None
+    # The key's overload policy, passed to the scheduler with each request:
+    # exempt from every overload stage; may have its output capped in
+    # overload; may be served by a smaller fallback version in overload.
+    critical: bool = False
+    degradable: bool = False
+    allow_fallback: bool = False
 
     @classmethod
     def from_record(cls, record: ApiKeyRecord) -> "Tenant":
@@ -36,6 +42,9 @@ class Tenant:
             is_admin=record.is_admin,
             limits=TenantLimits(record.tokens_per_minute, record.requests_per_minute),
             max_concurrency=record.max_concurrency,
+            critical=record.priority == "critical",
+            degradable=record.degradable,
+            allow_fallback=record.allow_fallback,
         )
 
 

@@ -65,6 +65,9 @@ def generate_request(
         sampling=sampling_params(body),
         max_output_tokens=body.output_limit() or default_max_tokens,
         service_class=service_class,
+        critical=tenant.critical,
+        degradable=tenant.degradable,
+        allow_fallback=tenant.allow_fallback,
     )
     if deadline is not None:
         request.deadline_unix_s = deadline.unix_s(service_class, body.output_limit(), time.time())

@@ -8,6 +8,11 @@ A catalog file looks like:
 
 A request's version is chosen by hashing its id into the weights, so a
 retry with the same idempotency key lands on the same version.
+
+A version may name a `fallback` (another version in the catalog, with the
+same tokenizer): while its pool is overloaded, requests of tenants that
+allow it are served there. An alias may carry `routes`
+(sluice.router.routing_rules) that send easy requests to a smaller version.
 """
 
 import hashlib
@@ -15,18 +20,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.router.routing_rules import RouteRule
+
 
 @dataclass(frozen=True, slots=True)
 class ModelVersionSpec:
     version: str
     path: Path
     weight: int = 100
+    fallback: str = ""  # the version that may serve its traffic in overload; "" = none
 
 
 @dataclass(frozen=True, slots=True)
 class ModelAliasSpec:
     name: str
     versions: tuple[ModelVersionSpec, ...]
+    routes: tuple[RouteRule, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.versions:
@@ -54,9 +63,10 @@ def load_catalog(path: Path) -> tuple[ModelAliasSpec, ...]:
             ModelAliasSpec(
                 name=model["name"],
                 versions=tuple(
-                    ModelVersionSpec(v["version"], Path(v["path"]), int(v.get("weight", 100)))
+                    ModelVersionSpec(v["version"], Path(v["path"]), int(v.get("weight", 100)), v.get("fallback", ""))
                     for v in model["versions"]
                 ),
+                routes=tuple(RouteRule.from_document(r) for r in model.get("routes", ())),
             )
             for model in document["models"]
         )

@@ -1,5 +1,6 @@
 """The loaded side of the catalog: each version's tokenizer and limits."""
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,20 @@ class LoadedVersion:
     context_length_tokens: int
 
 
+# What decides the token ids a version reads and the chat template that
+# makes them: versions that share traffic (fallbacks, routes) must agree.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def tokenizer_digest(model_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = model_dir / name
+        if path.exists():
+            digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _context_length(model_dir: Path) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     return int(config.get("max_position_embeddings") or config.get("max_sequence_length") or 2048)
@@ -29,12 +44,37 @@ class ModelRegistry:
         self.aliases = {alias.name: alias for alias in catalog}
         self.created_unix_s = created_unix_s
         self._versions: dict[str, LoadedVersion] = {}
+        # The alias a version's response names when it serves another's
+        # traffic: the first alias that lists it.
+        self._alias_of: dict[str, str] = {}
         for alias in catalog:
             for spec in alias.versions:
+                self._alias_of.setdefault(spec.version, alias.name)
                 if spec.version not in self._versions:
                     self._versions[spec.version] = LoadedVersion(
                         spec, Tokenizer.from_pretrained(spec.path), _context_length(spec.path)
                     )
+        for alias in catalog:
+            for spec in alias.versions:
+                if spec.fallback:
+                    self._check_stand_in(spec.version, spec.fallback, "fallback")
+            for rule in alias.routes:
+                for spec in alias.versions:
+                    self._check_stand_in(spec.version, rule.to, f"route of {alias.name}")
+
+    def _check_stand_in(self, version: str, stand_in: str, role: str) -> None:
+        if stand_in not in self._versions:
+            raise ValueError(f"{version}: the {role} {stand_in} is not a version in the catalog")
+        if tokenizer_digest(self._versions[version].spec.path) != tokenizer_digest(self._versions[stand_in].spec.path):
+            raise ValueError(
+                f"{version}: the {role} {stand_in} has another tokenizer; a version that takes "
+                "another's traffic must read the same token ids")
+
+    def version(self, name: str) -> LoadedVersion:
+        return self._versions[name]
+
+    def alias_of(self, version: str) -> str:
+        return self._alias_of[version]
 
     def resolve(self, alias_name: str, request_id: str) -> LoadedVersion:
         alias = self.aliases.get(alias_name)

@@ -1,7 +1,8 @@
 """One Generate call, start to end.
 
-    resolve version -> tokenize (chat template) -> check context
-      -> place via scheduler -> Admitted
+    resolve version -> tokenize (chat template) -> routing rules -> check context
+      -> place via scheduler (which may cap the output or serve the fallback)
+      -> Admitted (names the version that serves, and any degradation)
       -> replica tokens -> incremental detokenize -> stop strings -> Delta*
       -> Finished (or Error after the stream started)
 
@@ -24,6 +25,7 @@ from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
 from sluice.router.progress_watch import DEFAULT_STALL_TIMEOUT_S, ProgressWatch, StreamTimeout
 from sluice.router.replica_channels import ReplicaChannels
+from sluice.router.routing_rules import route_for
 from sluice.router.cache_scope import CacheScope
 from sluice.router.tenant_gate import DEFAULT_PER_TENANT, TenantGate
 from sluice.engine.block_hash import BlockHash, extend_block_hashes, root_block_hash
@@ -106,16 +108,19 @@ class Relay:
         alias_label = alias if alias in self._models.aliases else UNKNOWN_ALIAS
         try:
             version = self._models.resolve(alias, request.request_id)
+            asked_version = version.spec.version  # the alias's own choice, before any route or fallback
             # Tokenizing and hashing a long prompt take milliseconds: keep the
             # loop free, and one tenant's burst out of the others' way.
             async with self._tokenize_gate.hold(request.tenant, request.service_class):
                 prompt_ids, block_hashes = await asyncio.to_thread(
                     _prepare, version, request, self._kv_block_size_tokens,
                     self._cache_scope.salt_for(request.tenant))
-            check_class_prompt_cap(
-                len(prompt_ids), self._prompt_caps_tokens.get(request.service_class, 0),
-                "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive",
-            )
+            class_name = "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive"
+            routed_to = route_for(self._models.aliases[alias].routes, len(prompt_ids), request.max_output_tokens,
+                                  class_name, request.tenant)
+            if routed_to is not None:
+                version = self._models.version(routed_to)  # same tokenizer: the ids stand
+            check_class_prompt_cap(len(prompt_ids), self._prompt_caps_tokens.get(request.service_class, 0), class_name)
             max_output = output_budget_tokens(
                 len(prompt_ids), request.max_output_tokens, version.context_length_tokens
             )
@@ -131,6 +136,9 @@ class Relay:
                     deadline_unix_s=request.deadline_unix_s,
                     prompt_block_hashes=block_hashes,
                     block_size_tokens=self._kv_block_size_tokens,
+                    critical=request.critical,
+                    degradable=request.degradable,
+                    fallback_model_version=version.spec.fallback if request.allow_fallback else "",
                 ),
                 self._placement_timeout_s,
             )
@@ -144,11 +152,21 @@ class Relay:
         outcome = "cancelled"  # unless we get to say otherwise
         progress = _Progress()
         try:
-            yield router_pb2.GenerateEvent(
-                admitted=router_pb2.Admitted(
-                    model_version=version.spec.version, prompt_tokens=len(prompt_ids), replica_id=dispatch.replica_id
-                )
+            admitted = router_pb2.Admitted(
+                model_version=version.spec.version, prompt_tokens=len(prompt_ids), replica_id=dispatch.replica_id
             )
+            if dispatch.model_version and dispatch.model_version != version.spec.version:
+                version = self._models.version(dispatch.model_version)  # the fallback serves it
+                admitted.model_version = version.spec.version
+                admitted.degraded.append("fallback")
+                max_output = min(max_output, max(1, version.context_length_tokens - len(prompt_ids)))
+            if dispatch.output_cap_tokens and dispatch.output_cap_tokens < max_output:
+                max_output = dispatch.output_cap_tokens
+                admitted.degraded.append("output_capped")
+                admitted.output_cap_tokens = dispatch.output_cap_tokens
+            if version.spec.version != asked_version:
+                admitted.model = self._models.alias_of(version.spec.version)
+            yield router_pb2.GenerateEvent(admitted=admitted)
             async for event in self._relay_tokens(request, version, prompt_ids, max_output, dispatch, progress):
                 if event.WhichOneof("event") == "finished":
                     outcome = FINISH_NAMES.get(event.finished.finish_reason, "error")

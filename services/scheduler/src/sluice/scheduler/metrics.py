@@ -37,6 +37,9 @@ class SchedulerMetrics:
     fairness_bound_tokens: Gauge
     prefix_hit_blocks_total: Counter
     prefix_queried_blocks_total: Counter
+    overload_stage: Gauge
+    overload_signal: Gauge
+    overload_levers_total: Counter
     tenants: TenantLabels = field(default_factory=TenantLabels)
     _served_published: dict = field(default_factory=lambda: defaultdict(float))
     _prefix_published: list = field(default_factory=lambda: [0, 0])
@@ -72,6 +75,12 @@ class SchedulerMetrics:
                                         pool, registry=r),
             prefix_hit_blocks_total=Counter("sluice_placement_prefix_hit_blocks", "Prompt blocks the chosen replica had cached", registry=r),
             prefix_queried_blocks_total=Counter("sluice_placement_prefix_queried_blocks", "Prompt blocks placement looked up", registry=r),
+            overload_stage=Gauge("sluice_overload_stage", "The pool's overload stage: 0 normal, 1 batch_paused, "
+                                 "2 output_capped, 3 fallback, 4 rejecting", ["model"], registry=r),
+            overload_signal=Gauge("sluice_overload_signal", "What the overload controller last saw (queue_age_seconds, "
+                                  "predicted_start_seconds, kv_occupancy)", ["model", "signal"], registry=r),
+            overload_levers_total=Counter("sluice_overload_levers_total", "Requests served degraded by an overload "
+                                          "lever (output_capped, fallback)", ["model", "lever"], registry=r),
         )
 
     def publish(self, core: ClusterScheduler, views: list[ReplicaView], now_s: float) -> None:
@@ -111,6 +120,13 @@ class SchedulerMetrics:
                 self.tenant_active_sequences.labels(version, label).set(0)
                 self.tenant_reserved_kv_share.labels(version, label).set(0)
             self._tenant_labels_set[version].update(shares)
+        for version in versions:
+            self.overload_stage.labels(version).set(core.overload_stage(version))
+            signals = core.overload_signals(version)
+            if signals is not None:
+                self.overload_signal.labels(version, "queue_age_seconds").set(signals.interactive_queue_age_s)
+                self.overload_signal.labels(version, "predicted_start_seconds").set(signals.predicted_start_s)
+                self.overload_signal.labels(version, "kv_occupancy").set(signals.kv_occupancy)
         stats = core.prefix_stats
         self.prefix_hit_blocks_total.inc(stats.hit_blocks - self._prefix_published[0])
         self.prefix_queried_blocks_total.inc(stats.queried_blocks - self._prefix_published[1])

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from sluice.admission.overload import STAGE_NAMES
 from sluice.outcomes import OUTCOMES
 from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
 from sluice.placement.cluster import ClusterScheduler
@@ -85,6 +86,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         now_s = self._clock()
         for decision in self._core.schedule(now_s):
             self._deliver(decision)
+        for version, change in self._core.stage_changes:
+            signals = change.signals
+            log.warning(
+                "overload stage of %s: %s -> %s (oldest interactive queued %.2fs, predicted start %.2fs, "
+                "interactive KV %.0f%%)", version, STAGE_NAMES[change.previous], STAGE_NAMES[change.current],
+                signals.interactive_queue_age_s, signals.predicted_start_s, 100 * signals.kv_occupancy,
+            )
+            self._metrics.overload_stage.labels(version).set(change.current)
+        self._core.stage_changes.clear()
         if now_s - self._published_at_s >= PUBLISH_INTERVAL_S:
             self._published_at_s = now_s
             self._metrics.publish(self._core, self._core.replicas(), now_s)
@@ -98,6 +108,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         else:
             self._metrics.placements_total.labels(decision.replica_id).inc()
             self._metrics.queue_time_seconds.labels(model, CLASS_NAMES[service_class]).observe(decision.queued_s)
+            if decision.output_cap_tokens:
+                self._metrics.overload_levers_total.labels(decision.model_version, "output_capped").inc()
+            if model and decision.model_version != model:
+                self._metrics.overload_levers_total.labels(decision.model_version, "fallback").inc()
             placement = self._dispatch(decision)
         if outbox is not None:
             outbox.put_nowait(placement)
@@ -112,7 +126,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.Placement(
             request_id=decision.request_id,
             dispatch=scheduler_pb2.Dispatch(
-                replica_id=decision.replica_id, replica_address=decision.address, lease=lease
+                replica_id=decision.replica_id, replica_address=decision.address, lease=lease,
+                model_version=decision.model_version, output_cap_tokens=decision.output_cap_tokens,
             ),
         )
 
@@ -184,6 +199,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             prompt_block_hashes=tuple(enqueue.prompt_block_hashes),
             block_size_tokens=enqueue.block_size_tokens,
             deadline_s=deadline_s,
+            critical=enqueue.critical,
+            degradable=enqueue.degradable,
+            fallback_model_version=enqueue.fallback_model_version,
         )
         outcome = self._core.enqueue(ask, now_s)
         labels = (enqueue.model_version, CLASS_NAMES[service_class])

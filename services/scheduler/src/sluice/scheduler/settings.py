@@ -6,10 +6,14 @@ import json
 
 from pydantic import Field, field_validator
 
+from sluice.admission.overload import OverloadPolicy, StageThresholds, default_stage_thresholds
 from sluice.admission.reservation import ReservationPolicy
 from sluice.admission.tenant_caps import TenantLimits, TenantLimitsTable
 from sluice.config import SluiceSettings
-from sluice.placement.config import ClassPolicy, PlacementConfig
+from sluice.placement.asks import ServiceClass
+from sluice.placement.config import ClassPolicy, OverloadLevers, PlacementConfig
+
+CLASS_BY_NAME = {"interactive": ServiceClass.INTERACTIVE, "batch": ServiceClass.BATCH}
 
 
 class SchedulerSettings(SluiceSettings):
@@ -40,6 +44,20 @@ class SchedulerSettings(SluiceSettings):
     prefix_aware: bool = Field(True, description="score replicas by the prompt blocks they cache")
     prefix_load_margin: float = Field(0.25, ge=0, le=1)
     schedule_interval_s: float = Field(0.05, gt=0, description="deadline sweep while anything is queued")
+    overload_enabled: bool = Field(True, description="overload stages on; off = plain admission only")
+    overload_thresholds: str = Field(
+        "", description="JSON list of 4 stage thresholds (StageThresholds fields); empty = derived from the "
+        "interactive SLO",
+    )
+    overload_enter_hold_s: float = Field(0.25, ge=0, description="a breach must last this long to step up")
+    overload_exit_hold_s: float = Field(3.0, ge=0, description="all clear this long to step down")
+    overload_output_cap_tokens: int = Field(256, ge=1, description="stage 2: max_tokens of degradable requests")
+    overload_prompt_cap_tokens: int = Field(4096, ge=1, description="stage 2: longer degradable prompts refused")
+    overload_degradable_classes: str = Field("", description="comma-separated classes degraded at stage 2")
+    overload_reject_predicted_start_s: float = Field(
+        0.0, ge=0, description="stage 4: refuse what would wait longer; 0 = a quarter of the interactive SLO")
+    critical_kv_reserve_share: float = Field(0.05, ge=0, lt=1, description="of each replica, kept for critical keys")
+    critical_queue_slots: int = Field(16, ge=0, description="places per queue kept for critical keys")
 
     @field_validator("tenant_limits")
     @classmethod
@@ -51,6 +69,37 @@ class SchedulerSettings(SluiceSettings):
             for limits in parsed.values():
                 TenantLimits(**limits)
         return value
+
+    @field_validator("overload_thresholds")
+    @classmethod
+    def _valid_thresholds(cls, value: str) -> str:
+        if value:
+            OverloadPolicy(tuple(StageThresholds(**stage) for stage in json.loads(value)))
+        return value
+
+    @field_validator("overload_degradable_classes")
+    @classmethod
+    def _known_classes(cls, value: str) -> str:
+        unknown = {c.strip() for c in value.split(",") if c.strip()} - CLASS_BY_NAME.keys()
+        if unknown:
+            raise ValueError(f"unknown classes {sorted(unknown)}; use interactive, batch")
+        return value
+
+    def overload_levers(self) -> OverloadLevers:
+        stages = (
+            tuple(StageThresholds(**stage) for stage in json.loads(self.overload_thresholds))
+            if self.overload_thresholds else default_stage_thresholds(self.interactive_ttft_slo_s)
+        )
+        return OverloadLevers(
+            policy=OverloadPolicy(stages, self.overload_enter_hold_s, self.overload_exit_hold_s, self.overload_enabled),
+            degraded_output_tokens=self.overload_output_cap_tokens,
+            degraded_prompt_tokens=self.overload_prompt_cap_tokens,
+            degradable_classes=frozenset(
+                CLASS_BY_NAME[c.strip()] for c in self.overload_degradable_classes.split(",") if c.strip()),
+            reject_predicted_start_s=self.overload_reject_predicted_start_s or self.interactive_ttft_slo_s / 4,
+            critical_kv_reserve_share=self.critical_kv_reserve_share,
+            critical_queue_slots=self.critical_queue_slots,
+        )
 
     def replica_address_list(self) -> list[str]:
         return [a.strip() for a in self.replica_addresses.split(",") if a.strip()]
@@ -79,4 +128,5 @@ class SchedulerSettings(SluiceSettings):
             long_prefills_per_replica=self.long_prefills_per_replica,
             prefix_aware=self.prefix_aware,
             prefix_load_margin=self.prefix_load_margin,
+            overload=self.overload_levers(),
         )

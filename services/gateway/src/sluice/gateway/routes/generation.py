@@ -45,19 +45,25 @@ UNBOUNDED_OUTPUT_ESTIMATE_TOKENS = 512
 
 
 async def chat_completions(request: Request) -> Response:
-    return _with_rate_limit_headers(request, await _generate(request, ChatCompletionRequest))
+    return _with_response_headers(request, await _generate(request, ChatCompletionRequest))
 
 
 async def completions(request: Request) -> Response:
-    return _with_rate_limit_headers(request, await _generate(request, CompletionRequest))
+    return _with_response_headers(request, await _generate(request, CompletionRequest))
 
 
-def _with_rate_limit_headers(request: Request, response: Response) -> Response:
+def _with_response_headers(request: Request, response: Response) -> Response:
     """OpenAI's x-ratelimit-* headers on every answer to a request that
-    took from the tenant's buckets (a refusal by them carries its own)."""
+    took from the tenant's buckets (a refusal by them carries its own), and
+    `x-sluice-degraded` on one an overload lever changed (`output_capped`:
+    max_tokens was capped, a cut answer ends with finish_reason "length";
+    `fallback`: a smaller version served it, as `model` says)."""
     headers = getattr(request.state, "rate_limit_headers", None)
     if headers:
         response.headers.update(headers)
+    degraded = getattr(request.state, "degraded_header", None)
+    if degraded:
+        response.headers["x-sluice-degraded"] = degraded
     return response
 
 
@@ -146,7 +152,13 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
 
     admitted_event = opened.first_event.admitted
     state.metrics.models.learn(body.model)  # the router admitted it: a catalog name
-    fmt = ResponseFormat.for_request(ticket.attempt_id, body.model, admitted_event.model_version, chat)
+    # Routed or served by a fallback: the response (and the bill) name the
+    # version that served, under its own alias.
+    served_model = admitted_event.model or body.model
+    state.metrics.models.learn(served_model)
+    if admitted_event.degraded:
+        request.state.degraded_header = ",".join(admitted_event.degraded)
+    fmt = ResponseFormat.for_request(ticket.attempt_id, served_model, admitted_event.model_version, chat)
     # Text is kept for a non-streamed body, and for replay of idempotent requests.
     progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream)
     if body.stream:
