@@ -30,6 +30,18 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def small_model_dir(tiny_model_dir: Path) -> Path:
+    """A 2-layer model with the tiny one's tokenizer (what `make model`
+    builds beside it): the fallback and routed-to version in tests."""
+    model_dir = tiny_model_dir.parent / "tiny-llama-small"
+    if not (model_dir / "config.json").exists():
+        from sluice.tinymodel import build_tiny_checkpoint
+
+        build_tiny_checkpoint(model_dir, seed=1, num_layers=2)
+    return model_dir
+
+
+@pytest.fixture(scope="session")
 def postgres_session_url():
     """SQLAlchemy URL of a Postgres database created for this test session."""
     from support.postgres import throwaway_database

@@ -225,3 +225,31 @@ def test_a_pool_full_of_running_chats_with_nobody_waiting_stays_normal_and_queue
     assert scheduler.overload_stage("v1") is OverloadStage.NORMAL
     assert scheduler.overload_signals("v1").predicted_start_s == 0.0
     assert isinstance(scheduler.enqueue(make_ask("b", service_class=BATCH), now_s), Queued)
+
+
+def test_arrivals_refused_at_the_slo_are_overload_even_with_no_queue():
+    """Every arrival refused at once leaves no queue to age: the arrivals'
+    own predicted starts drive the stages, and stop when arrivals stop."""
+    from placement_factories import LOOSE
+
+    by_prediction = OverloadPolicy(
+        stages=tuple(StageThresholds(NEVER, NEVER - 1, n, n - 0.5, NEVER, NEVER - 1) for n in (1, 2, 3, 4)),
+        enter_hold_s=0.0, exit_hold_s=1.0,
+    )
+    scheduler = make_scheduler(make_view("r0", total=100, step_time_s=0.05), overload=levers(policy=by_prediction),
+                               interactive=replace(LOOSE, ttft_slo_s=1.0))
+    for i in range(10):
+        scheduler.enqueue(make_ask(f"run{i}", tenant=f"t{i}", prompt=16, max_tokens=144), 0.0)
+    scheduler.schedule(0.0)
+    now_s, answers = 0.0, []
+    for n in range(20):
+        now_s = round(now_s + 0.1, 6)
+        scheduler.observe_replica(make_view("r0", total=100, step_time_s=0.05, seen_at_s=now_s))
+        answers.append(scheduler.enqueue(make_ask(f"a{n}"), now_s))
+        scheduler.schedule(now_s)
+    assert all(isinstance(a, Refused) for a in answers)
+    assert sum(len(q) for q in scheduler.queues().values()) == 0
+    assert scheduler.overload_stage("v1") is OverloadStage.REJECTING
+    now_s = advance(scheduler, now_s, until=lambda: scheduler.overload_stage("v1") is OverloadStage.NORMAL)
+    # Arrivals stopped: the 1 s window empties, then four 1 s exit holds (and ticks).
+    assert 2.0 + 1.0 + 4 * 1.0 <= now_s < 2.0 + 1.0 + 4 * 1.0 + 1.0

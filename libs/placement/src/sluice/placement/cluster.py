@@ -58,6 +58,10 @@ MAX_TENANT_RETRY_SLOTS = 10_000
 # A pool's overload signals are sampled at most this often: the prediction
 # walks every reservation, and the stage holds are far longer than this.
 OVERLOAD_SAMPLE_INTERVAL_S = 0.1
+# Interactive arrivals' predicted starts feed the overload signal for this
+# long: a pool that refuses every arrival at its SLO has no queue to age,
+# and is overloaded all the same.
+ARRIVAL_WINDOW_S = 1.0
 
 
 @dataclass(slots=True)
@@ -85,6 +89,7 @@ class ClusterScheduler:
         self._last_granted_s: dict[str, float] = {}
         self._overload: dict[str, OverloadController] = {}
         self._overload_sampled_s: dict[str, float] = {}
+        self._arrival_predictions: dict[str, deque[tuple[float, float]]] = defaultdict(deque)  # (at_s, delay_s)
         # Stage changes since the caller last took them (it logs them):
         # `schedule` appends, the caller clears.
         self.stage_changes: list[tuple[str, StageChange]] = []
@@ -155,6 +160,8 @@ class ClusterScheduler:
         policy = self.config.class_policy(is_batch)
         queue = self._queue(version, ask.service_class)
         delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s, ask.critical)
+        if not is_batch:
+            self._arrival_predictions[version].append((now_s, delay_s))
         # The last places of each queue are the critical tenants' reserve.
         queue_places = policy.max_queue_length - (0 if ask.critical else self.config.overload.critical_queue_slots)
         if len(queue) >= queue_places or delay_s > policy.ttft_slo_s:
@@ -541,18 +548,23 @@ class ClusterScheduler:
         oldest_s = interactive.oldest_enqueued_s() if interactive else None
         queued_blocks, queued_seqs = (interactive.kv_blocks, len(interactive)) if interactive else (0, 0)
         held_blocks = sum(self.ledger.holding(v.replica_id).kv_blocks[ServiceClass.INTERACTIVE] for v in views)
-        # When a typical chat (its output's worth of blocks) joining behind
-        # the queued interactive work would start. Only while some is queued:
-        # a pool that is full but keeps up with its arrivals is busy, not
-        # overloaded, and batch keeps queueing for what it leaves.
-        predicted_s = 0.0
+        # The longest predicted start of the interactive arrivals of the last
+        # ARRIVAL_WINDOW_S (queued or refused), and of a typical chat (its
+        # output's worth of blocks) joining behind the queued ones: how long
+        # demand is kept waiting. A pool that is full but has nobody arriving
+        # or waiting is busy, not overloaded, and batch keeps queueing for
+        # what it leaves.
+        arrivals = self._arrival_predictions[version]
+        while arrivals and arrivals[0][0] < now_s - ARRIVAL_WINDOW_S:
+            arrivals.popleft()
+        predicted_s = max((delay_s for _, delay_s in arrivals), default=0.0)
         if queued_seqs:
             nominal_blocks = blocks_for(
                 self.config.reservation.default_output_tokens_interactive, views[0].block_size_tokens)
-            predicted_s = self._predict_delay_s(
+            predicted_s = max(predicted_s, self._predict_delay_s(
                 version, ServiceClass.INTERACTIVE, WorkAhead(queued_blocks + nominal_blocks, queued_seqs + 1), now_s,
                 critical=False,
-            )
+            ))
         return PoolSignals(
             interactive_queue_age_s=0.0 if oldest_s is None else now_s - oldest_s,
             predicted_start_s=predicted_s,

@@ -76,6 +76,7 @@ class Outcome:
     finish_reason: str | None  # "stop" / "length"; None = cancelled or failed
     failed: bool = False
     replay: StoredResponse | None = None  # kept only for idempotent requests
+    service_class: str = "interactive"  # "batch" for service_tier flex: priced at the batch discount
 
 
 @dataclass(slots=True)
@@ -189,7 +190,7 @@ class FrontDoor:
                     tenant=tenant, request_id=ticket.ledger_id, model=outcome.model,
                     model_version=outcome.model_version, prompt_tokens=outcome.prompt_tokens,
                     cached_tokens=outcome.cached_tokens, output_tokens=outcome.output_tokens,
-                    finish_reason=outcome.finish_reason, finished_at=now,
+                    finish_reason=outcome.finish_reason, finished_at=now, service_class=outcome.service_class,
                 )
                 # Durable before anyone is told the stream finished.
                 await asyncio.to_thread(self._r.outbox.append, record)
@@ -203,7 +204,7 @@ class FrontDoor:
                         tenant=tenant, request_id=ticket.ledger_id, model=outcome.model,
                         model_version=outcome.model_version, prompt_tokens=outcome.prompt_tokens,
                         output_tokens=outcome.output_tokens, outcome="error" if outcome.failed else "cancelled",
-                        at=now,
+                        at=now, service_class=outcome.service_class,
                     )
                     await _quietly(asyncio.to_thread(self._r.outbox.append, attempt), "record the attempt")
                 if owner is not None:

@@ -108,7 +108,7 @@ def openapi_document() -> dict[str, Any]:
                     {"name": "end", "in": "query", "required": False, "schema": {"type": "string"},
                      "description": "unix seconds or ISO 8601 (exclusive); default now"},
                     {"name": "group_by", "in": "query", "required": False,
-                     "schema": {"type": "string", "enum": ["model", "day"]}},
+                     "schema": {"type": "string", "enum": ["model", "day", "model,day"]}},
                     {"name": "tenant", "in": "query", "required": False, "schema": {"type": "string"},
                      "description": "admin keys only: another tenant, or * for all"},
                 ],

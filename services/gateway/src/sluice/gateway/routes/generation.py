@@ -74,6 +74,7 @@ class Progress:
     fmt: ResponseFormat
     prompt_tokens: int
     keep_text: bool
+    service_class: str = "interactive"
     output_tokens: int = 0
     parts: list[str] = field(default_factory=list)
 
@@ -94,11 +95,11 @@ class Progress:
                 "".join(self.parts), reason, usage.prompt_tokens, usage.cached_prompt_tokens, usage.output_tokens,
             )
         return Outcome(self.fmt.model, self.fmt.model_version, usage.prompt_tokens, usage.cached_prompt_tokens,
-                       usage.output_tokens, reason, replay=replay)
+                       usage.output_tokens, reason, replay=replay, service_class=self.service_class)
 
     def unfinished(self, failed: bool) -> Outcome:
         return Outcome(self.fmt.model, self.fmt.model_version, self.prompt_tokens, 0, self.output_tokens, None,
-                       failed=failed)
+                       failed=failed, service_class=self.service_class)
 
 
 async def _generate(request: Request, body_model: type[ChatCompletionRequest] | type[CompletionRequest]) -> Response:
@@ -160,7 +161,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         request.state.degraded_header = ",".join(admitted_event.degraded)
     fmt = ResponseFormat.for_request(ticket.attempt_id, served_model, admitted_event.model_version, chat)
     # Text is kept for a non-streamed body, and for replay of idempotent requests.
-    progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream)
+    progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream,
+                        service_class=_tier(body))
     if body.stream:
         options = body.stream_options
         relay = _sse_events(
