@@ -406,6 +406,39 @@ def test_the_routers_catalog_parser_accepts_the_rendered_catalog(example_objects
     assert sorted(v.weight for v in aliases["llama-3.1-8b-instruct"].versions) == [10, 90]
 
 
+def test_fallbacks_and_routes_reach_the_routers_catalog(tmp_path: Path) -> None:
+    from sluice.router.catalog import load_catalog
+    from sluice.router.routing_rules import RouteRule
+
+    values = {
+        "modelVersions": [
+            {"version": "big-v1", "alias": "big", "modelPath": "big", "weight": 100, "fallback": "small-v1"},
+            {"version": "small-v1", "alias": "small", "modelPath": "small", "weight": 100},
+        ],
+        "modelRoutes": {"big": [{"to": "small-v1", "max_prompt_tokens": 512, "max_output_tokens": 64,
+                                 "classes": ["interactive"]}]},
+    }
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(_catalog(render_objects(values))))
+    aliases = {alias.name: alias for alias in load_catalog(path)}
+    assert aliases["big"].versions[0].fallback == "small-v1"
+    assert aliases["small"].versions[0].fallback == ""
+    assert aliases["big"].routes == (
+        RouteRule("small-v1", max_prompt_tokens=512, max_output_tokens=64, classes=frozenset({"interactive"})),)
+    assert aliases["small"].routes == ()
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"modelVersions": [{"version": "a-1", "alias": "a", "modelPath": "a", "weight": 1, "fallback": "ghost"}]},
+     "fallback \"ghost\""),
+    ({"modelVersions": [{"version": "a-1", "alias": "a", "modelPath": "a", "weight": 1}],
+      "modelRoutes": {"a": [{"to": "ghost"}]}}, "route to \"ghost\""),
+], ids=["unknown-fallback", "unknown-route-target"])
+def test_the_chart_refuses_a_stand_in_that_is_not_a_model_version(values, message) -> None:
+    with pytest.raises(helm.HelmRenderError, match=message):
+        render.render_documents(values)
+
+
 def test_changing_rollout_weights_rolls_the_router() -> None:
     values = example_values()
     before = the_deployment(render_objects(values), "router")["spec"]["template"]["metadata"]["annotations"]
