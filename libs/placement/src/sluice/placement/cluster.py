@@ -21,7 +21,7 @@ service (or the simulator) calls it, from one thread.
 """
 
 from collections import defaultdict, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sluice.admission.kv import blocks_for
 from sluice.admission.overload import OverloadController, OverloadStage, PoolSignals, StageChange
@@ -40,6 +40,7 @@ from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
 from sluice.placement.class_queue import ClassQueue, QueueEntry
 from sluice.placement.config import PlacementConfig
 from sluice.placement.headroom import Headroom, headroom, seats_of
+from sluice.placement.overload_levers import Lever, choose_lever
 from sluice.placement.reservations import ReplicaHolding
 from sluice.placement.prefix_index import PrefixIndex
 from sluice.placement.replica_choice import Candidate, ReplicaView, pick
@@ -139,10 +140,9 @@ class ClusterScheduler:
         output_cap_tokens = 0
         if not ask.critical and stage > OverloadStage.NORMAL:
             lever = self._apply_levers(ask, stage, now_s)
-            if not isinstance(lever, Ask):
+            if not isinstance(lever, tuple):
                 return lever
-            output_cap_tokens = 0 if lever is ask else self.config.overload.degraded_output_tokens
-            ask = lever
+            ask, output_cap_tokens = lever
         reservation = reserve_for(
             self.config.reservation, ask.prompt_tokens, ask.requested_output_tokens,
             ask.max_output_tokens, block_size, is_batch,
@@ -188,14 +188,20 @@ class ClusterScheduler:
         queue.push(QueueEntry(ask, now_s, deadline_s, kv_blocks, reservation.output_tokens, is_long, output_cap_tokens))
         return Queued(ask.request_id, delay_s, version)
 
-    def _apply_levers(self, ask: Ask, stage: OverloadStage, now_s: float) -> Ask | Queued | Refused:
-        """The overload stage's levers, for a request that is not critical:
-        a refusal, the request queued in its fallback pool, or the ask to
-        queue here (capped, if stage 2 applies to it)."""
+    def _apply_levers(self, ask: Ask, stage: OverloadStage, now_s: float) -> tuple[Ask, int] | Queued | Refused:
+        """The overload stage's lever for a request that is not critical: a
+        refusal, the request queued in its fallback pool, or the ask to
+        queue here with its output cap (0 = none)."""
         version, levers = ask.model_version, self.config.overload
-        controller = self._overload[version]
-        if ask.service_class is ServiceClass.BATCH:
-            resume_s = controller.resume_in_s(OverloadStage.BATCH_PAUSED, now_s)
+        choice = choose_lever(ask, stage, levers, self.overload_stage(ask.fallback_model_version))
+        if choice.lever is Lever.FALLBACK:
+            routed = self.enqueue(choice.ask, now_s)
+            if isinstance(routed, Queued):
+                return routed
+            # The fallback cannot take it either: this pool's other levers apply.
+            choice = choose_lever(ask, stage, levers, OverloadStage.REJECTING)
+        if choice.lever is Lever.PAUSE_BATCH:
+            resume_s = self._overload[version].resume_in_s(OverloadStage.BATCH_PAUSED, now_s)
             retry_s = self._capacity_retry_after_s(
                 version, ask.service_class, 1, 0.0, self.config.batch.ttft_slo_s, now_s, at_least_s=resume_s)
             return self._refuse(
@@ -203,19 +209,8 @@ class ClusterScheduler:
                 f'{version} is overloaded: batch-class calls (service_tier "flex") are paused, expected to '
                 f"resume in about {resume_s:.0f}s. Interactive calls are still served.", retry_s,
             )
-        fallback = ask.fallback_model_version
-        if stage >= OverloadStage.FALLBACK and fallback and fallback != version and (
-            self.overload_stage(fallback) < OverloadStage.FALLBACK
-        ):
-            routed = self.enqueue(replace(ask, model_version=fallback, fallback_model_version=""), now_s)
-            if isinstance(routed, Queued):
-                return routed
-            # The fallback cannot take it either: the levers of this pool apply.
-        degradable = ask.degradable or ask.service_class in levers.degradable_classes
-        if stage < OverloadStage.OUTPUT_CAPPED or not degradable:
-            return ask
-        if ask.prompt_tokens >= levers.degraded_prompt_tokens:
-            resume_s = controller.resume_in_s(OverloadStage.OUTPUT_CAPPED, now_s)
+        if choice.lever is Lever.REFUSE_LONG_PROMPT:
+            resume_s = self._overload[version].resume_in_s(OverloadStage.OUTPUT_CAPPED, now_s)
             retry_s = self._capacity_retry_after_s(
                 version, ask.service_class, 1, 0.0, self.config.interactive.ttft_slo_s, now_s, at_least_s=resume_s)
             return self._refuse(
@@ -223,11 +218,7 @@ class ClusterScheduler:
                 f"{version} is overloaded: prompts of {levers.degraded_prompt_tokens} tokens or more are not "
                 f"taken from this key until it recovers (this one is {ask.prompt_tokens}).", retry_s,
             )
-        cap = levers.degraded_output_tokens
-        bound = ask.requested_output_tokens or ask.max_output_tokens
-        if bound <= cap:
-            return ask
-        return replace(ask, requested_output_tokens=cap, max_output_tokens=min(ask.max_output_tokens, cap))
+        return choice.ask, choice.output_cap_tokens
 
     def started(self, request_id: str, now_s: float) -> None:
         reservation = self.ledger.mark_started(request_id, now_s)
