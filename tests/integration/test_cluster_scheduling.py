@@ -167,6 +167,9 @@ def test_a_client_that_leaves_while_queued_frees_its_place(small_pool, postgres_
 
     async def run():
         async with httpx.AsyncClient(base_url=small_pool.gateway_url, timeout=120) as client:
+            # An overload stage left by the tests before (refused arrivals)
+            # would refuse new batch outright: wait for the pool to be normal.
+            await until(lambda: metric(scheduler(small_pool), "sluice_overload_stage") == 0, timeout_s=30)
             long_ones = await fill_the_pool(client, key, 600)
             # Batch waits behind interactive work (SLO in minutes): it queues.
             queued = asyncio.create_task(stream(client, key, body(8, service_tier="flex")))
