@@ -147,6 +147,19 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, for a bench to print beside
+    its figures ("unknown" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 # ----------------------------------------------------------------- prompts
 
 

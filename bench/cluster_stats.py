@@ -155,3 +155,50 @@ class LoopLag(_Probe):
 
     def describe(self) -> str:
         return f"client event-loop lag p50 {ms(median(self.lags_s))}, p99 {ms(percentile(self.lags_s, 99))}"
+
+
+class GaugePoller(_Probe):
+    """One gauge from a /metrics page every `interval_s` while in its
+    `async with`: the highest value over its label sets (e.g. the overload
+    stage of the busiest pool). Only the gauge's own lines are read, not
+    the whole page parsed, so polling often costs the shared CPUs little."""
+
+    def __init__(self, url: str, name: str, interval_s: float = 0.2) -> None:
+        self.url = url
+        self.name = name
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []  # (monotonic time, value)
+
+    async def _run(self) -> None:
+        prefixes = (self.name + "{", self.name + " ")
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                started = time.monotonic()
+                try:
+                    lines = (await client.get(self.url)).text.splitlines()
+                    values = [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefixes)]
+                    if values:
+                        self.samples.append((started, max(values)))
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def at(self, t_s: float) -> float | None:
+        """The last value sampled at or before `t_s`."""
+        seen = [value for t, value in self.samples if t <= t_s]
+        return seen[-1] if seen else None
+
+    def max_between(self, start_s: float, end_s: float) -> float | None:
+        seen = [value for t, value in self.samples if start_s <= t < end_s]
+        return max(seen) if seen else None
+
+    async def wait_for(self, value: float, since_s: float, timeout_s: float) -> float | None:
+        """Seconds from `since_s` to the first sample equal to `value`, waiting
+        until `since_s + timeout_s` at most; None if none came."""
+        while True:
+            seen = [t for t, v in self.samples if t >= since_s and v == value]
+            if seen:
+                return seen[0] - since_s
+            if time.monotonic() >= since_s + timeout_s:
+                return None
+            await asyncio.sleep(self.interval_s)
