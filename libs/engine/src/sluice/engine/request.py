@@ -52,6 +52,12 @@ class EngineRequest:
     cache_salt: str = ""    # prefix-cache scope (block_hash.root_block_hash); "" = shared
     sampling: Any = None    # interpreted by the model runner only
     arrival_s: float = 0.0
+    # A health probe (the replica's canary): admitted ahead of every waiting
+    # request and past the sequence-slot limit, taking a block from the
+    # newest running sequence if none is free, and never counted as
+    # interactive work. A canary that queued behind real work would report
+    # a busy replica as wedged.
+    probe: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

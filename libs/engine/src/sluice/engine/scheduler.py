@@ -61,6 +61,7 @@ class IterationScheduler:
         self.blocks = blocks
         self._sequences: dict[str, Sequence] = {}
         self._waiting = WaitingQueue()
+        self._probes: list[Sequence] = []  # health probes not yet admitted: they skip the waiting line
         self._running: list[Sequence] = []  # in admission order
         self._arrivals = itertools.count()
         self.num_preemptions_total = 0
@@ -82,6 +83,9 @@ class IterationScheduler:
         sequence = Sequence(request, next(self._arrivals), self.blocks.block_size_tokens,
                             arrival_s=request.arrival_s if now_s is None else now_s)
         self._sequences[request.request_id] = sequence
+        if request.probe:
+            self._probes.append(sequence)
+            return
         self._waiting.push(sequence)
         if request.service_class is ServiceClass.INTERACTIVE:
             self._last_interactive_arrival_s = max(self._last_interactive_arrival_s, sequence.arrival_s)
@@ -100,16 +104,19 @@ class IterationScheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._probes)
 
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting)
+        return bool(self._running or self._waiting or self._probes)
 
     # -- one step ------------------------------------------------------------
 
     def schedule(self, now_s: float) -> StepPlan:
         step = StepBuilder(self.config.max_num_batched_tokens)
-        decoding = sorted((s for s in self._running if s.num_uncomputed_tokens == 1), key=_rank)
+        if self._probes:
+            self._admit_probes(step)
+        decoding = sorted(
+            (s for s in self._running if s.num_uncomputed_tokens == 1 and s.request_id not in step.chunks), key=_rank)
         for sequence in decoding:
             if step.budget_tokens == 0:
                 break
@@ -186,12 +193,32 @@ class IterationScheduler:
 
     # -- internals -----------------------------------------------------------
 
+    def _admit_probes(self, step: StepBuilder) -> None:
+        """Health probes first: a slot past max_num_seqs, blocks taken from
+        the newest running sequence if none are free (it recomputes)."""
+        for sequence in list(self._probes):
+            kv = self.blocks.allocate(sequence.request_id, sequence.num_tokens)
+            if kv is None:
+                victims = [s for s in self._running if not s.request.probe]
+                if victims:
+                    self._preempt(max(victims, key=lambda s: s.arrival_index), step)
+                    kv = self.blocks.allocate(sequence.request_id, sequence.num_tokens)
+            if kv is None:
+                continue  # every block is a probe's: the next step
+            self._probes.remove(sequence)
+            sequence.status = SequenceStatus.RUNNING
+            sequence.num_computed_tokens = 0
+            self._running.append(sequence)
+            step.admitted_ids.add(sequence.request_id)
+            step.add(self._chunk(sequence, sequence.num_tokens, kv))
+
     def _interactive_live(self, now_s: float) -> bool:
         """Interactive work is resident or waiting, or arrived within
         `interactive_recent_s`: batch steps are kept short."""
         return (now_s - self._last_interactive_arrival_s < self.config.interactive_recent_s
                 or self._waiting.has_class(ServiceClass.INTERACTIVE)
-                or any(s.request.service_class is ServiceClass.INTERACTIVE for s in self._running))
+                or any(s.request.service_class is ServiceClass.INTERACTIVE and not s.request.probe
+                       for s in self._running))
 
     def _hold_for_first_tokens(self, step: StepBuilder) -> bool:
         """Short interactive prompts admitted so far get their first token
@@ -323,7 +350,10 @@ class IterationScheduler:
         self._running.remove(sequence)
         sequence.status = SequenceStatus.WAITING
         sequence.num_computed_tokens = 0
-        self._waiting.push_resumed(sequence)
+        if sequence.request.probe:
+            self._probes.append(sequence)
+        else:
+            self._waiting.push_resumed(sequence)
         step.drop(sequence.request_id)
         if sequence.request_id in step.admitted_ids:
             step.admitted_ids.discard(sequence.request_id)
@@ -337,7 +367,10 @@ class IterationScheduler:
         if sequence.status is SequenceStatus.RUNNING:
             self._running.remove(sequence)
         elif sequence.status is SequenceStatus.WAITING:
-            self._waiting.remove(sequence)
+            if sequence.request.probe:
+                self._probes.remove(sequence)
+            else:
+                self._waiting.remove(sequence)
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
 

@@ -45,6 +45,7 @@ class Canary:
             stop=StopPolicy(max_output_tokens=1),
             sampling=SamplingParams(temperature=0.0, max_tokens=1),
             arrival_s=time.monotonic(),
+            probe=True,  # ahead of every queue: a busy replica is not a wedged one
         )
         started_s = time.monotonic()
         stream = RequestStream(self._engine, request)
