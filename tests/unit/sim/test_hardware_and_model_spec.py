@@ -18,7 +18,7 @@ META_LLAMA_3_8B_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 4096,
     "intermediate_size": 14336,
-    "max_position_embeddings": 8192,
+    "max_position_embeddings": 131072,  # Llama 3.1: the presets carry its context
     "model_type": "llama",
     "num_attention_heads": 32,
     "num_hidden_layers": 32,

@@ -9,6 +9,7 @@
                       [--batch-discount D] [--currency USD]
     sluice prices list
     sluice usage --tenant NAME [--start ISO] [--end ISO]
+    sluice sim ...      the simulator and planner (sluice.sim.cli; `sluice sim --help`)
 
 The database is SLUICE_DATABASE_URL, or `.sluice/ledger.db` under the current
 directory. Every command migrates first, so a fresh database just works.
@@ -21,6 +22,7 @@ stderr. Prices are per million tokens in the currency's major unit.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -109,7 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands of other distributions that `sluice` hands their arguments to,
+# so one console script serves the operator (ledger) and the planner (sim)
+# without the ledger depending on the simulator.
+DELEGATED = {"sim": "sluice.sim.cli"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        try:
+            module = importlib.import_module(DELEGATED[argv[0]])
+        except ModuleNotFoundError:
+            print(f"sluice {argv[0]}: install the sluice-sim distribution (libs/sim)", file=sys.stderr)
+            return 2
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     url = resolve_database_url(os.environ, Path.cwd())
     upgrade_database(url)

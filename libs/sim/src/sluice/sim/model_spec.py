@@ -147,6 +147,9 @@ class ModelSpec:
         return 2 * self.num_layers * self.kv_dim * dtype_bytes(dtype)
 
 
+# The Llama 3 shapes with the 3.1 context (131,072 tokens): the layers,
+# heads and widths are the same, and the workloads the planner sizes for
+# (the seed's 32K-token documents) need the longer context.
 LLAMA_3_70B = ModelSpec(
     name="llama-3-70b",
     num_layers=80,
@@ -156,7 +159,7 @@ LLAMA_3_70B = ModelSpec(
     head_dim=128,
     intermediate_size=28672,
     vocab_size=128256,
-    max_context_tokens=8192,
+    max_context_tokens=131072,
 )
 
 LLAMA_3_8B = ModelSpec(
@@ -168,7 +171,7 @@ LLAMA_3_8B = ModelSpec(
     head_dim=128,
     intermediate_size=14336,
     vocab_size=128256,
-    max_context_tokens=8192,
+    max_context_tokens=131072,
 )
 
 # The dev stack's model: sluice.tinymodel's TinyLlamaDims and

@@ -1,0 +1,271 @@
+"""The discrete-event simulation: a fleet of replicas of one model version,
+the cluster scheduler in front of them, a workload arriving, all on a
+virtual clock.
+
+    arrival ─▶ ClusterScheduler.enqueue ─▶ refused (recorded) | queued
+    any event ─▶ ClusterScheduler.schedule(now) ─▶ dispatched ─▶ SimReplica.add
+    replica step ends ─▶ IterationScheduler.update ─▶ first token: started()
+                                                 ─▶ finished: release()
+    every state_interval_s ─▶ each replica's ReplicaView ─▶ observe_replica
+
+The policy objects are the production ones, built from their own configs
+(PlacementConfig, SchedulerConfig); nothing here reaches inside them, and
+they import nothing from here. The simulator plays the parts the services
+play around them: the router (turning a request into an Ask and a
+dispatch into an EngineRequest), the replica's engine loop (one step at a
+time, the cost model's duration in place of the forward pass), and the
+scheduler service's event loop (a scheduling pass on every message, a sweep
+every schedule_interval_s while anything is queued or a pool is
+overloaded). Messages between them are instant: on one machine they take
+milliseconds against steps of tens.
+"""
+
+import heapq
+import itertools
+import time
+import zlib
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sluice.admission.overload import STAGE_NAMES, OverloadStage
+from sluice.outcomes import Reason
+from sluice.engine.request import EngineRequest, ServiceClass as EngineClass, StopPolicy
+from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
+from sluice.placement.cluster import ClusterScheduler
+
+from sluice.sim.cost_model import StepShape
+from sluice.sim.policies import Policy
+from sluice.sim.replica import SimReplica
+from sluice.sim.results import ReplicaSample, RequestRecord, SimResults
+from sluice.sim.workload import SimRequest
+
+ROUTER = "sim-router"  # the owner of every Ask: one router stream
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    num_replicas: int
+    kv_blocks_per_replica: int
+    policy: Policy
+    model_version: str = "sim-v1"
+    block_size_tokens: int = 16
+    max_context_tokens: int = 8192
+    # The replicas' WatchState interval and the scheduler's sweep, as deployed.
+    state_interval_s: float = 0.25
+    schedule_interval_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1 or self.kv_blocks_per_replica < 1:
+            raise ValueError("a fleet needs at least one replica with at least one KV block")
+
+
+@dataclass(order=True, slots=True)
+class _Event:
+    at_s: float
+    seq: int
+    kind: int = field(compare=False)
+    index: int = field(compare=False, default=0)
+
+
+STEP_DONE, REPORT, SWEEP = 0, 1, 2
+
+
+class Simulation:
+    """One run. Not reusable: build, `run()`, read the results."""
+
+    def __init__(
+        self, fleet: FleetSpec, step_time_s: Callable[[StepShape], float], requests: list[SimRequest],
+        progress: Callable[[float, int], None] | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.cluster = ClusterScheduler(fleet.policy.placement)
+        self.replicas = [
+            SimReplica(i, f"replica-{i}", fleet.model_version, fleet.kv_blocks_per_replica,
+                       fleet.block_size_tokens, fleet.policy.engine, step_time_s)
+            for i in range(fleet.num_replicas)
+        ]
+        self._by_id = {replica.replica_id: replica for replica in self.replicas}
+        self._requests = sorted(requests, key=lambda r: r.arrival_s)
+        self._records: dict[str, RequestRecord] = {}
+        self._sim_requests: dict[str, SimRequest] = {}
+        self._gaps: dict[str, array] = {"interactive": array("d"), "batch": array("d")}
+        self._samples: list[ReplicaSample] = []
+        self._events: list[_Event] = []
+        self._seq = itertools.count()
+        self._sweep_pending = False
+        self._in_flight = 0
+        self._progress = progress
+        self._stage_changes: list[tuple[float, str, str]] = []
+        self._prompt_ids = itertools.count(1)  # each request's own block of synthetic token ids
+
+    # -- the loop --------------------------------------------------------------
+
+    def run(self) -> SimResults:
+        wall_started_s = time.perf_counter()
+        now_s = 0.0
+        for index, _ in enumerate(self.replicas):
+            self._report(index, 0.0)
+            self._push(self.fleet.state_interval_s, REPORT, index)
+        next_arrival = 0
+        next_progress_s = 60.0
+        while next_arrival < len(self._requests) or self._in_flight:
+            arrival_s = self._requests[next_arrival].arrival_s if next_arrival < len(self._requests) else None
+            event = self._events[0] if self._events else None
+            if arrival_s is not None and (event is None or arrival_s <= event.at_s):
+                now_s = arrival_s
+                self._arrive(self._requests[next_arrival], now_s)
+                next_arrival += 1
+            elif event is not None:
+                heapq.heappop(self._events)
+                now_s = event.at_s
+                if event.kind == STEP_DONE:
+                    self._step_done(self.replicas[event.index], now_s)
+                elif event.kind == REPORT:
+                    self._report(event.index, now_s)
+                    self._push(now_s + self.fleet.state_interval_s, REPORT, event.index)
+                else:
+                    self._sweep_pending = False
+            else:
+                break  # nothing left that can make progress
+            self._schedule(now_s)
+            if self._progress is not None and now_s >= next_progress_s:
+                self._progress(now_s, next_arrival)
+                next_progress_s += 60.0
+        return SimResults(
+            records=list(self._records.values()), duration_s=now_s, gaps_by_class=self._gaps,
+            samples=self._samples, decode_tokens=sum(r.decode_tokens_total for r in self.replicas),
+            prefill_tokens=sum(r.prefill_tokens_total for r in self.replicas),
+            steps=sum(r.steps_total for r in self.replicas), busy_s=sum(r.busy_s for r in self.replicas),
+            num_replicas=len(self.replicas), stage_changes=self._stage_changes,
+            wall_s=time.perf_counter() - wall_started_s,
+        )
+
+    def _push(self, at_s: float, kind: int, index: int = 0) -> None:
+        heapq.heappush(self._events, _Event(at_s, next(self._seq), kind, index))
+
+    # -- the router's part -------------------------------------------------------
+
+    def _arrive(self, request: SimRequest, now_s: float) -> None:
+        record = RequestRecord(
+            request.request_id, request.tenant, request.service_class, request.arrival_s,
+            request.prompt_tokens, request.output_tokens,
+        )
+        self._records[request.request_id] = record
+        if request.prompt_tokens >= self.fleet.max_context_tokens:
+            # The router's check: no room for even one output token.
+            record.outcome, record.reason = "refused", Reason.CONTEXT_LENGTH_EXCEEDED.value
+            return
+        self._sim_requests[request.request_id] = request
+        policy = self.fleet.policy
+        is_batch = request.service_class == "batch" and not policy.single_class
+        ask = Ask(
+            request_id=request.request_id, owner=ROUTER,
+            tenant="all" if policy.single_tenant else request.tenant,
+            model_version=self.fleet.model_version,
+            service_class=ServiceClass.BATCH if is_batch else ServiceClass.INTERACTIVE,
+            prompt_tokens=request.prompt_tokens, requested_output_tokens=request.requested_max_tokens,
+            max_output_tokens=max(1, self.fleet.max_context_tokens - request.prompt_tokens),
+        )
+        answer = self.cluster.enqueue(ask, now_s)
+        if isinstance(answer, Refused):
+            self._refused(record, answer)
+        elif isinstance(answer, Queued):
+            self._in_flight += 1
+
+    def _refused(self, record: RequestRecord, refused: Refused) -> None:
+        record.outcome, record.reason = "refused", refused.reason.value
+        self._sim_requests.pop(record.request_id, None)
+
+    def _dispatch(self, dispatched: Dispatched, now_s: float) -> None:
+        request = self._sim_requests[dispatched.request_id]
+        record = self._records[dispatched.request_id]
+        record.dispatched_s, record.replica = now_s, dispatched.replica_id
+        replica = self._by_id[dispatched.replica_id]
+        policy = self.fleet.policy
+        is_batch = request.service_class == "batch" and not policy.single_class
+        fairness_key = "all" if policy.single_tenant else request.tenant
+        engine_request = _engine_request(
+            request, dispatched.output_cap_tokens, next(self._prompt_ids), is_batch, fairness_key)
+        replica.add(engine_request, now_s)
+        if replica.idle:
+            self._start_step(replica, now_s)
+
+    # -- the replicas' engine loops ----------------------------------------------
+
+    def _start_step(self, replica: SimReplica, now_s: float) -> None:
+        duration_s = replica.start_step(now_s)
+        if duration_s is not None:
+            self._push(now_s + duration_s, STEP_DONE, replica.index)
+
+    def _step_done(self, replica: SimReplica, now_s: float) -> None:
+        for output in replica.finish_step():
+            record = self._records[output.request_id]
+            if output.new_token_ids:
+                if record.first_token_s is None:
+                    record.first_token_s = now_s
+                    self.cluster.started(output.request_id, now_s)
+                else:
+                    gap_s = now_s - record.last_token_s
+                    self._gaps[record.service_class].append(gap_s)
+                    record.max_gap_s = max(record.max_gap_s, gap_s)
+                record.last_token_s = now_s
+                record.tokens = output.num_output_tokens
+            if output.finished:
+                record.outcome, record.finished_s = "finished", now_s
+                self.cluster.release(output.request_id, output.num_output_tokens, now_s, ROUTER)
+                self._sim_requests.pop(output.request_id, None)
+                self._in_flight -= 1
+        self._start_step(replica, now_s)
+
+    def _report(self, index: int, now_s: float) -> None:
+        replica = self.replicas[index]
+        reported = None
+        if self.fleet.policy.reported_kv_factor != 1.0:
+            reported = int(replica.core.blocks.num_blocks * self.fleet.policy.reported_kv_factor)
+        self.cluster.observe_replica(replica.view(now_s, reported))
+        self._samples.append(ReplicaSample(
+            now_s, replica.replica_id, replica.kv_occupancy, replica.core.num_running, replica.core.num_waiting))
+
+    # -- the scheduler service's loop --------------------------------------------
+
+    def _schedule(self, now_s: float) -> None:
+        for decision in self.cluster.schedule(now_s):
+            if isinstance(decision, Dispatched):
+                self._dispatch(decision, now_s)
+            else:  # refused from the queue (its deadline passed)
+                self._refused(self._records[decision.request_id], decision)
+                self._in_flight -= 1
+        for version, change in self.cluster.stage_changes:
+            self._stage_changes.append((now_s, STAGE_NAMES[change.previous], STAGE_NAMES[change.current]))
+        self.cluster.stage_changes.clear()
+        if not self._sweep_pending and self._needs_sweep():
+            self._sweep_pending = True
+            self._push(now_s + self.fleet.schedule_interval_s, SWEEP)
+
+    def _needs_sweep(self) -> bool:
+        if any(len(queue) for queue in self.cluster.queues().values()):
+            return True
+        return self.cluster.overload_stage(self.fleet.model_version) > OverloadStage.NORMAL
+
+
+def _engine_request(
+    request: SimRequest, output_cap_tokens: int, serial: int, is_batch: bool, fairness_key: str
+) -> EngineRequest:
+    """The router's TokenRequest as the replica turns it into an engine
+    request: synthetic prompt ids (the first `shared_prefix_tokens` the same
+    for every request of the tenant, so the prefix cache can hit them; the
+    rest unique to the request, from its `serial`), the output forced to
+    its length (or the overload cap)."""
+    shared = min(request.shared_prefix_tokens, request.prompt_tokens)
+    tenant_base = (zlib.crc32(request.tenant.encode()) & 0xFFFF) << 20  # stable across processes, unlike hash()
+    unique_base = serial << 36
+    prompt = tuple(range(tenant_base, tenant_base + shared)) + tuple(
+        range(unique_base, unique_base + request.prompt_tokens - shared))
+    output_tokens = request.output_tokens if not output_cap_tokens else min(request.output_tokens, output_cap_tokens)
+    return EngineRequest(
+        request_id=request.request_id, prompt_token_ids=prompt,
+        stop=StopPolicy(max_output_tokens=output_tokens, ignore_eos=True),
+        service_class=EngineClass.BATCH if is_batch else EngineClass.INTERACTIVE,
+        fairness_key=fairness_key,
+    )
