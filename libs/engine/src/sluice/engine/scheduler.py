@@ -122,6 +122,12 @@ class IterationScheduler:
                 break
             if sequence.status is SequenceStatus.RUNNING:  # not preempted earlier in this loop
                 self._schedule_running(sequence, step)
+        if not self._waiting and len(decoding) == len(self._running) and not step.preempted_ids:
+            # Every resident sequence is decoding and nobody waits: the
+            # prefill and admission passes below would add nothing (the
+            # common step of a steady decode; the simulator runs millions).
+            self._held_for_first_tokens_last_step = False
+            return StepPlan(tuple(step.chunks.values()), (), now_s)
 
         step.chunk_cap_tokens = self.config.long_prefill_chunk_tokens
         step.depth_scale_tokens = self.config.prefill_depth_scale_tokens

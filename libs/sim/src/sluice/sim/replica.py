@@ -71,11 +71,15 @@ class SimReplica:
         self.plan = plan
         if plan.is_empty:
             return EMPTY_STEP_RETRY_S
-        chunks = tuple((len(chunk.token_ids), chunk.start_position) for chunk in plan.chunks)
+        chunks = tuple([(len(chunk.token_ids), chunk.start_position) for chunk in plan.chunks])
         duration_s = self._step_time_s(StepShape(chunks))
-        decode = sum(1 for n, _ in chunks if n == 1)
+        tokens = 0
+        decode = 0
+        for n, _ in chunks:
+            tokens += n
+            decode += n == 1
         self.decode_tokens_total += decode
-        self.prefill_tokens_total += plan.num_tokens - decode
+        self.prefill_tokens_total += tokens - decode
         self.steps_total += 1
         self.busy_s += duration_s
         self.step_time_ewma_s += STEP_TIME_EWMA_WEIGHT * (duration_s - self.step_time_ewma_s)

@@ -26,7 +26,7 @@ import time
 import zlib
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sluice.admission.overload import STAGE_NAMES, OverloadStage
 from sluice.outcomes import Reason
@@ -60,14 +60,8 @@ class FleetSpec:
             raise ValueError("a fleet needs at least one replica with at least one KV block")
 
 
-@dataclass(order=True, slots=True)
-class _Event:
-    at_s: float
-    seq: int
-    kind: int = field(compare=False)
-    index: int = field(compare=False, default=0)
-
-
+# Events on the heap are plain tuples (at_s, seq, kind, replica index):
+# compared in C, and seq breaks ties in the order they were pushed.
 STEP_DONE, REPORT, SWEEP = 0, 1, 2
 
 
@@ -91,7 +85,7 @@ class Simulation:
         self._sim_requests: dict[str, SimRequest] = {}
         self._gaps: dict[str, array] = {"interactive": array("d"), "batch": array("d")}
         self._samples: list[ReplicaSample] = []
-        self._events: list[_Event] = []
+        self._events: list[tuple[float, int, int, int]] = []
         self._seq = itertools.count()
         self._sweep_pending = False
         self._in_flight = 0
@@ -112,23 +106,30 @@ class Simulation:
         while next_arrival < len(self._requests) or self._in_flight:
             arrival_s = self._requests[next_arrival].arrival_s if next_arrival < len(self._requests) else None
             event = self._events[0] if self._events else None
-            if arrival_s is not None and (event is None or arrival_s <= event.at_s):
+            # A scheduling pass runs where the scheduler service runs one: on a
+            # message (an enqueue, a first token, a release), a replica's
+            # report, a sweep. A step that only decoded sends it nothing.
+            if arrival_s is not None and (event is None or arrival_s <= event[0]):
                 now_s = arrival_s
                 self._arrive(self._requests[next_arrival], now_s)
                 next_arrival += 1
+                changed = True
             elif event is not None:
                 heapq.heappop(self._events)
-                now_s = event.at_s
-                if event.kind == STEP_DONE:
-                    self._step_done(self.replicas[event.index], now_s)
-                elif event.kind == REPORT:
-                    self._report(event.index, now_s)
-                    self._push(now_s + self.fleet.state_interval_s, REPORT, event.index)
+                now_s, _, kind, index = event
+                if kind == STEP_DONE:
+                    changed = self._step_done(self.replicas[index], now_s)
+                elif kind == REPORT:
+                    self._report(index, now_s)
+                    self._push(now_s + self.fleet.state_interval_s, REPORT, index)
+                    changed = True
                 else:
                     self._sweep_pending = False
+                    changed = True
             else:
                 break  # nothing left that can make progress
-            self._schedule(now_s)
+            if changed:
+                self._schedule(now_s)
             if self._progress is not None and now_s >= next_progress_s:
                 self._progress(now_s, next_arrival)
                 next_progress_s += 60.0
@@ -142,7 +143,7 @@ class Simulation:
         )
 
     def _push(self, at_s: float, kind: int, index: int = 0) -> None:
-        heapq.heappush(self._events, _Event(at_s, next(self._seq), kind, index))
+        heapq.heappush(self._events, (at_s, next(self._seq), kind, index))
 
     # -- the router's part -------------------------------------------------------
 
@@ -198,13 +199,16 @@ class Simulation:
         if duration_s is not None:
             self._push(now_s + duration_s, STEP_DONE, replica.index)
 
-    def _step_done(self, replica: SimReplica, now_s: float) -> None:
+    def _step_done(self, replica: SimReplica, now_s: float) -> bool:
+        """True if the step told the scheduler something (a first token, a finish)."""
+        told = False
         for output in replica.finish_step():
             record = self._records[output.request_id]
             if output.new_token_ids:
                 if record.first_token_s is None:
                     record.first_token_s = now_s
                     self.cluster.started(output.request_id, now_s)
+                    told = True
                 else:
                     gap_s = now_s - record.last_token_s
                     self._gaps[record.service_class].append(gap_s)
@@ -216,7 +220,9 @@ class Simulation:
                 self.cluster.release(output.request_id, output.num_output_tokens, now_s, ROUTER)
                 self._sim_requests.pop(output.request_id, None)
                 self._in_flight -= 1
+                told = True
         self._start_step(replica, now_s)
+        return told
 
     def _report(self, index: int, now_s: float) -> None:
         replica = self.replicas[index]
