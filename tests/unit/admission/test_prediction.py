@@ -96,3 +96,16 @@ def test_more_running_work_never_starts_sooner(pool, blocks, seqs, running, fini
     before = predict_start_delay_s(10.0, pool, needed, running, service_s)
     after = predict_start_delay_s(10.0, busier, needed, [*running, RunningWork(finish_s, work_blocks)], service_s)
     assert before <= after + 1e-9
+
+
+def test_the_per_token_estimate_is_never_below_the_replicas_step_time():
+    """Tokens relayed in a burst make Release follow Started at once: the
+    measured per-token time can be ~0, but a sequence gets one token per step."""
+    from sluice.admission.prediction import ServiceTimeEstimate
+
+    estimate = ServiceTimeEstimate()
+    estimate.observe_decode(0.0001, 8)
+    assert estimate.per_output_token_s(0.005) == 0.005
+    assert estimate.per_output_token_s() == 0.0001 / 8
+    estimate.observe_decode(0.8, 8)  # slower than the step time: the measurement stands
+    assert estimate.per_output_token_s(0.005) > 0.005

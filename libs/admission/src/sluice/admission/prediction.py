@@ -100,8 +100,12 @@ class ServiceTimeEstimate:
             self.seconds_per_output_token = _smooth(self.seconds_per_output_token, per_token, self.smoothing)
 
     def per_output_token_s(self, reported_step_time_s: float = 0.0) -> float:
+        """Never less than the replicas' reported step time: a sequence gets
+        one token per engine step. The measured figure can be far less
+        where the router relays a short stream's tokens in one burst (its
+        loop starved for a moment), so that Release follows Started at once."""
         if self.seconds_per_output_token is not None:
-            return self.seconds_per_output_token
+            return max(self.seconds_per_output_token, reported_step_time_s)
         return reported_step_time_s or self.prior_seconds_per_output_token
 
     def time_to_first_token_s(self) -> float:
