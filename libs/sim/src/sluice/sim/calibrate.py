@@ -1,0 +1,574 @@
+"""Fit the cost model to this machine: time real engine steps, fit its terms.
+
+    measure  the replica's own model path (load_llama with the device's
+             attention backend and KV layout, ModelRunner, StepExecutor),
+             driven by a real IterationScheduler + BlockManager. A timed
+             step is what the replica's engine loop times: schedule(now),
+             execute(plan), update(plan, sampled), plus the cache-event
+             drain it does after every step. Sequences are brought to the
+             state a grid point needs by untimed "dry" steps that run the
+             scheduler with a made-up sampled token instead of the model
+             (the KV they leave is stale, which no kernel's speed depends on).
+    fit      Efficiency(compute, bandwidth, step_overhead_s) of the cost
+             model by least squares on log(step time): steps run from ~2 ms
+             to ~150 ms here, and an absolute loss would fit only the long
+             ones. `link` is unused at tp = 1 and kept at its default.
+    write    a JSON file (`write_calibration`); `load_calibration(path)`
+             gives back (Hardware, Efficiency) for a CostModel.
+
+The grid, per point, timed `repetitions` times (median kept) after a
+discarded warm-up step, in `passes` sweeps over the grid so a burst of
+other work on a shared machine lands on a few samples of many points
+rather than on every sample of a few:
+
+    decode   1..64 sequences x contexts 16..2,048 tokens
+    prefill  one chunk of 16..512 tokens at depths 0..3,072 (the depth is
+             a prefix-cache hit on an earlier, dry-run prompt)
+    mixed    8 or 32 decodes beside one prefill chunk
+
+Peaks. What is fitted is an achievable rate (FLOP/s, bytes/s). Efficiency
+must lie in (0, 1] of the hardware's peak, and the `cpu` preset's peaks are
+a guess at a modest desktop, not this machine: where the fitted rate is at
+or under the preset's peak, the peak is kept and the efficiency is the
+ratio; where it is over (the tiny model's 45 MB of weights partly live in
+the CPU's caches, so its "bandwidth" beats DRAM), the peak is raised to the
+fitted rate with efficiency 1.0. Either way the calibrated pair gives the
+same step times; the hardware is named "<preset>-calibrated" so it is never
+mistaken for the datasheet preset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from sluice.engine.block_manager import BlockManager
+from sluice.engine.plan import StepPlan
+from sluice.engine.request import EngineRequest, StopPolicy
+from sluice.engine.scheduler import IterationScheduler
+from sluice.engine.scheduler_config import SchedulerConfig
+
+from sluice.sim.cost_model import CostModel, Efficiency, StepShape
+from sluice.sim.hardware import Hardware, hardware_by_name
+from sluice.sim.model_spec import ModelSpec
+
+FORMAT = "sluice-sim-calibration/1"
+DEFAULT_OUT = Path(".sluice") / "sim-calibration.json"
+# Token ids of made-up prompts start past the tiny vocabulary's special ids.
+_FIRST_TOKEN_ID = 4
+DRY_TOKEN_ID = 7  # what a dry step "samples"
+
+
+# --- the grid ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GridPoint:
+    """One step to time: `decodes` sequences decoding at `decode_context_tokens`,
+    beside (or instead of) one prefill chunk of `prefill_tokens` starting at
+    `prefill_depth_tokens` (a multiple of the block size: it is a prefix hit)."""
+
+    decodes: int = 0
+    decode_context_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_depth_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.decodes < 0 or self.prefill_tokens < 0 or not (self.decodes or self.prefill_tokens):
+            raise ValueError(f"a grid point needs decodes or a prefill chunk: {self}")
+        if self.decodes and self.decode_context_tokens < 1:
+            raise ValueError(f"decodes need a context of >= 1 token: {self}")
+
+    @property
+    def kind(self) -> str:
+        if self.decodes and self.prefill_tokens:
+            return "mixed"
+        return "decode" if self.decodes else "prefill"
+
+    @property
+    def shape(self) -> StepShape:
+        """The step as planned when the decodes are at their first token
+        (a measured step's contexts are a few tokens further on)."""
+        prefill = ((self.prefill_tokens, self.prefill_depth_tokens),) if self.prefill_tokens else ()
+        return StepShape(((1, self.decode_context_tokens),) * self.decodes + prefill)
+
+
+def default_grid(quick: bool = False) -> tuple[GridPoint, ...]:
+    """The calibration grid; `quick` is a coarser one (~1/3 of the points)."""
+    batches = (1, 4, 16, 64) if quick else (1, 2, 4, 8, 16, 32, 64)
+    contexts = (16, 512, 2048) if quick else (16, 256, 1024, 2048)
+    chunks = (16, 64, 256, 512) if quick else (16, 32, 64, 128, 256, 512)
+    depths = (0, 1024, 3072) if quick else (0, 512, 1024, 2048, 3072)
+    mixed = ((8, 256, 64, 0), (32, 1024, 128, 1024)) if quick else tuple(
+        (b, c, n, d) for b in (8, 32) for c in (256, 1024) for n, d in ((64, 0), (128, 0), (128, 1024), (64, 2048)))
+    return (
+        tuple(GridPoint(decodes=b, decode_context_tokens=c) for b in batches for c in contexts)
+        + tuple(GridPoint(prefill_tokens=n, prefill_depth_tokens=d) for n in chunks for d in depths)
+        + tuple(GridPoint(b, c, n, d) for b, c, n, d in mixed)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One grid point measured: the exact shape the scheduler planned (of
+    the median sample) and every sample's seconds."""
+
+    kind: str
+    shape: StepShape
+    samples_s: tuple[float, ...]  # wall clock, as the engine loop times a step
+    # The process's CPU time over the same steps: with one torch thread, below
+    # the wall time only by the time other work on the machine took the core.
+    cpu_samples_s: tuple[float, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.samples_s)
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Median CPU / wall time of the samples (None if not recorded)."""
+        if not self.cpu_samples_s:
+            return None
+        return statistics.median(c / w for c, w in zip(self.cpu_samples_s, self.samples_s))
+
+    def on_clock(self, clock: str) -> "StepTiming":
+        """This timing with the `clock` ("wall" or "cpu") samples as its seconds."""
+        if clock == "wall":
+            return self
+        if clock != "cpu" or not self.cpu_samples_s:
+            raise ValueError(f"clock is wall or cpu (with CPU samples), got {clock!r}")
+        return replace(self, samples_s=self.cpu_samples_s)
+
+
+# --- measuring --------------------------------------------------------------
+
+
+class _Engine(NamedTuple):
+    executor: Any  # sluice.replica.executor.StepExecutor
+    sampling: Any  # sluice.model.sampler.SamplingParams, greedy as the benches send
+    num_blocks: int
+    block_size_tokens: int
+    max_model_len_tokens: int
+    vocab_size: int
+
+
+def _import_engine():
+    try:
+        import torch
+        from sluice.model.attention import default_backend, preferred_kv_layout
+        from sluice.model.kv_cache import allocate_kv_caches
+        from sluice.model.loader import load_llama
+        from sluice.model.runner import ModelRunner
+        from sluice.model.sampler import SamplingParams
+        from sluice.replica.executor import StepExecutor
+    except ModuleNotFoundError as error:
+        raise RuntimeError(
+            f"calibration times the real model and needs torch, sluice-model and sluice-replica ({error}); "
+            "run it from the dev venv (make dev), where they are installed"
+        ) from None
+    return torch, default_backend, preferred_kv_layout, allocate_kv_caches, load_llama, ModelRunner, \
+        SamplingParams, StepExecutor
+
+
+def tune_process(torch_threads: int | None = None) -> None:
+    """The replica's start-up tuning, for a program about to measure:
+    `torch_threads` intra-op threads (None: torch's default, as the replica's
+    SLUICE_TORCH_THREADS=0) and the CPU allocator kept in the heap
+    (sluice.model.cpu_tuning). Process-wide: call it from a program's main."""
+    torch = _import_engine()[0]
+    from sluice.model.cpu_tuning import tune_cpu_allocator
+
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    tune_cpu_allocator()
+
+
+def _build_engine(model_dir: Path, num_blocks: int, block_size_tokens: int, dtype: str) -> _Engine:
+    (torch, default_backend, preferred_kv_layout, allocate_kv_caches, load_llama, ModelRunner, SamplingParams,
+     StepExecutor) = _import_engine()
+    torch_dtype = getattr(torch, dtype)
+    cpu = torch.device("cpu")
+    # As services/replica __main__.build_engine builds it on CPU.
+    model = load_llama(model_dir, dtype=torch_dtype, device=cpu, attention_backend=default_backend(cpu))
+    caches = allocate_kv_caches(model.config, num_blocks, block_size_tokens, torch_dtype, cpu,
+                                layout=preferred_kv_layout(cpu, torch_dtype))
+    # The caches start as zeros (allocate_kv_caches), so the stale K/V dry
+    # steps leave is never uninitialised memory (NaN, denormals).
+    executor = StepExecutor(ModelRunner(model, caches))
+    return _Engine(executor, SamplingParams(temperature=0.0, ignore_eos=True), num_blocks, block_size_tokens,
+                   model.config.max_position_embeddings, model.config.vocab_size)
+
+
+def blocks_needed(grid: Sequence[GridPoint], steps_per_point: int, block_size_tokens: int = 16) -> int:
+    """KV blocks the biggest grid point holds at once, with a little slack."""
+    def blocks(tokens: int) -> int:
+        return -(-tokens // block_size_tokens)
+
+    return 8 + max(
+        p.decodes * blocks(p.decode_context_tokens + steps_per_point + 2)
+        + blocks(p.prefill_depth_tokens) + 2 * blocks(p.prefill_tokens + block_size_tokens)
+        for p in grid
+    )
+
+
+class _PointRun:
+    """One grid point on a fresh scheduler over the shared KV tensors."""
+
+    def __init__(self, engine: _Engine, point: GridPoint, steps: int, rng: random.Random) -> None:
+        self.engine, self.point, self.rng = engine, point, rng
+        # A budget that takes every prompt of the point in one dry step, so
+        # no decode runs ahead of the others; a timed step plans only what
+        # the point asks for whatever the budget (no chunk caps).
+        prompt_tokens = point.decodes * point.decode_context_tokens + point.prefill_depth_tokens
+        config = SchedulerConfig(
+            max_num_batched_tokens=max(2048, prompt_tokens + point.decodes + point.prefill_tokens),
+            max_num_seqs=point.decodes + 2, max_model_len_tokens=engine.max_model_len_tokens,
+            interactive_preempt_after_s=None, long_prefill_chunk_tokens=0, prefill_depth_scale_tokens=0,
+            batch_prefill_tokens_beside_interactive=0, interactive_recent_s=0.0,
+        )
+        self.core = IterationScheduler(config, BlockManager(engine.num_blocks, engine.block_size_tokens))
+        self._serial = 0
+        self.prefix = self._tokens(point.prefill_depth_tokens)
+        if point.prefill_depth_tokens:  # its blocks stay cached: each timed chunk hits them
+            self._dry_run_until_done({self._add(self.prefix, 1)})
+        decode_ids = {self._add(self._tokens(point.decode_context_tokens), steps + 4) for _ in range(point.decodes)}
+        self._dry_run_until_done(decode_ids, first_token_only=True)
+
+    def _tokens(self, count: int) -> tuple[int, ...]:
+        return tuple(self.rng.randrange(_FIRST_TOKEN_ID, self.engine.vocab_size) for _ in range(count))
+
+    def _add(self, prompt: tuple[int, ...], max_output_tokens: int) -> str:
+        self._serial += 1
+        request_id = f"calibrate-{self._serial}"
+        self.core.add(EngineRequest(
+            request_id=request_id, prompt_token_ids=prompt, sampling=self.engine.sampling,
+            stop=StopPolicy(max_output_tokens=max_output_tokens, ignore_eos=True)))
+        return request_id
+
+    def _dry_run_until_done(self, request_ids: set[str], first_token_only: bool = False) -> None:
+        """Dry steps until each of `request_ids` has finished (or, with
+        `first_token_only`, produced its first token: its prompt is in)."""
+        pending = set(request_ids)
+        while pending:
+            plan = self.core.schedule(time.monotonic())
+            if plan.is_empty:
+                raise RuntimeError(f"calibration point {self.point} does not fit {self.engine.num_blocks} KV blocks")
+            sampled = {chunk.request_id: DRY_TOKEN_ID for chunk in plan.chunks if chunk.samples}
+            for output in self.core.update(plan, sampled):
+                if output.finished or first_token_only:
+                    pending.discard(output.request_id)
+            self.core.blocks.drain_cache_events()
+
+    def timed_step(self) -> tuple[StepShape, float, float]:
+        """One step as the replica's engine loop runs and times it: its
+        shape, wall seconds and process CPU seconds."""
+        if self.point.prefill_tokens:
+            self._add(self.prefix + self._tokens(self.point.prefill_tokens), 1)
+        executor = self.engine.executor
+        cpu_started_s = time.process_time()
+        started_s = time.perf_counter()
+        plan = self.core.schedule(time.monotonic())
+        outputs = self.core.update(plan, executor.execute(plan))
+        for output in outputs:
+            if output.finished:
+                executor.forget(output.request_id)
+        self.core.blocks.drain_cache_events()
+        elapsed_s = time.perf_counter() - started_s
+        cpu_s = time.process_time() - cpu_started_s
+        shape = _shape(plan)
+        self._check(shape)
+        return shape, elapsed_s, cpu_s
+
+    def _check(self, shape: StepShape) -> None:
+        point = self.point
+        decodes = sum(1 for n, _ in shape.chunks if n == 1)
+        prefills = [(n, c) for n, c in shape.chunks if n > 1]
+        expected = [(point.prefill_tokens, point.prefill_depth_tokens)] if point.prefill_tokens else []
+        if decodes != point.decodes or prefills != expected:
+            raise RuntimeError(f"calibration point {point} planned {decodes} decodes and chunks {prefills}")
+
+
+def _shape(plan: StepPlan) -> StepShape:
+    return StepShape(tuple((len(chunk.token_ids), chunk.start_position) for chunk in plan.chunks))
+
+
+def measure_step_times(
+    model_dir: str | os.PathLike[str], grid: Sequence[GridPoint] | None = None, *, repetitions: int = 6,
+    passes: int = 2, warmup_steps: int = 1, dtype: str = "float32", block_size_tokens: int = 16, seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[StepTiming]:
+    """Time every grid point on the model in `model_dir` (CPU), `repetitions`
+    samples each split over `passes` sweeps. Call `tune_process` first, as
+    the replica tunes itself at start-up, so the timings are its."""
+    grid = tuple(default_grid() if grid is None else grid)
+    if repetitions < 1 or passes < 1 or warmup_steps < 0:
+        raise ValueError("repetitions and passes must be >= 1, warmup_steps >= 0")
+    passes = min(passes, repetitions)
+    per_pass = [repetitions // passes + (i < repetitions % passes) for i in range(passes)]
+    steps = max(per_pass) + warmup_steps
+    engine = _build_engine(Path(model_dir), blocks_needed(grid, steps, block_size_tokens), block_size_tokens, dtype)
+    rng = random.Random(f"{seed}:calibrate")
+    samples: list[list[tuple[StepShape, float, float]]] = [[] for _ in grid]
+    done = 0
+    for count in per_pass:
+        for index, point in enumerate(grid):
+            run = _PointRun(engine, point, steps, rng)
+            for _ in range(warmup_steps):
+                run.timed_step()  # first calls of a shape (oneDNN primitives, buffer growth) are not its cost
+            samples[index].extend(run.timed_step() for _ in range(count))
+            done += 1
+            if progress is not None:
+                progress(done, len(grid) * passes)
+    timings = []
+    for point, point_samples in zip(grid, samples):
+        ordered = sorted(point_samples, key=lambda sample: sample[1])
+        timings.append(StepTiming(point.kind, ordered[(len(ordered) - 1) // 2][0],
+                                  tuple(wall_s for _, wall_s, _ in point_samples),
+                                  tuple(cpu_s for _, _, cpu_s in point_samples)))
+    return timings
+
+
+# --- fitting ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """What the fit found: the achievable rates, and the Hardware +
+    Efficiency that express them (see the module docstring on peaks)."""
+
+    hardware: Hardware
+    efficiency: Efficiency
+    flops_per_s: float
+    bytes_per_s: float
+    fitted_s: tuple[float, ...]  # per timing, in order
+    relative_errors: tuple[float, ...]  # (fitted - measured) / measured
+
+    @property
+    def median_relative_error(self) -> float:
+        return statistics.median(abs(e) for e in self.relative_errors)
+
+    @property
+    def max_relative_error(self) -> float:
+        return max(abs(e) for e in self.relative_errors)
+
+
+def _rate_model(base: Hardware, model: ModelSpec, dtype: str, flops_per_s: float, bytes_per_s: float,
+                overhead_s: float) -> CostModel:
+    hardware = replace(base, peak_flops_per_s=flops_per_s, hbm_bandwidth_bytes_per_s=bytes_per_s)
+    efficiency = Efficiency(compute=1.0, bandwidth=1.0, link=Efficiency().link, step_overhead_s=overhead_s)
+    return CostModel(hardware, model, tp=1, dtype=dtype, efficiency=efficiency)
+
+
+def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardware | str = "cpu",
+                   dtype: str = "fp32") -> Fit:
+    """Least squares on log step time over (log FLOP/s, log bytes/s, log
+    overhead): Nelder-Mead from the best few of a coarse grid of starts (the
+    roofline's max() makes the loss kinked, so no gradients)."""
+    if len(timings) < 3:
+        raise ValueError(f"a fit of 3 terms needs at least 3 timings, got {len(timings)}")
+    base = hardware_by_name(base) if isinstance(base, str) else base
+    shapes = [t.shape for t in timings]
+    log_measured = [math.log(t.seconds) for t in timings]
+
+    def loss(x: Sequence[float]) -> float:
+        if not all(-40.0 < v < 40.0 for v in x):
+            return math.inf
+        cost = _rate_model(base, model, dtype, math.exp(x[0]), math.exp(x[1]), math.exp(x[2]))
+        return sum((math.log(cost.step_time_s(s)) - m) ** 2 for s, m in zip(shapes, log_measured))
+
+    fastest_s = min(t.seconds for t in timings)
+    starts = [(math.log(f), math.log(b), math.log(fastest_s * o))
+              for f in (1e9, 1e10, 1e11, 1e12, 1e13) for b in (1e9, 1e10, 1e11, 1e12) for o in (0.1, 0.5)]
+    best = min((_nelder_mead(loss, start) for start in sorted(starts, key=loss)[:4]), key=lambda r: r[1])
+    best = _nelder_mead(loss, best[0], step=0.1)  # a restart: Nelder-Mead can stall on a kink
+    flops_per_s, bytes_per_s, overhead_s = (math.exp(v) for v in best[0])
+    fitted = _rate_model(base, model, dtype, flops_per_s, bytes_per_s, overhead_s)
+    fitted_s = tuple(fitted.step_time_s(s) for s in shapes)
+    errors = tuple((f - t.seconds) / t.seconds for f, t in zip(fitted_s, timings))
+    hardware, efficiency = express(base, flops_per_s, bytes_per_s, overhead_s)
+    return Fit(hardware, efficiency, flops_per_s, bytes_per_s, fitted_s, errors)
+
+
+def express(base: Hardware, flops_per_s: float, bytes_per_s: float, overhead_s: float) -> tuple[Hardware, Efficiency]:
+    """Achievable rates as peaks and efficiencies in (0, 1]: the preset's
+    peak where the rate is within it, else the rate itself at 1.0."""
+    compute = min(flops_per_s / base.peak_flops_per_s, 1.0)
+    bandwidth = min(bytes_per_s / base.hbm_bandwidth_bytes_per_s, 1.0)
+    hardware = replace(base, name=f"{base.name}-calibrated",
+                       peak_flops_per_s=max(base.peak_flops_per_s, flops_per_s),
+                       hbm_bandwidth_bytes_per_s=max(base.hbm_bandwidth_bytes_per_s, bytes_per_s))
+    return hardware, Efficiency(compute=compute, bandwidth=bandwidth, step_overhead_s=overhead_s)
+
+
+def _nelder_mead(f: Callable[[Sequence[float]], float], start: Sequence[float], step: float = 1.0,
+                 iterations: int = 400, tolerance: float = 1e-10) -> tuple[list[float], float]:
+    """Minimise `f` from `start` (standard coefficients); (x, f(x))."""
+    n = len(start)
+    simplex = [list(start)] + [[v + (step if i == j else 0.0) for j, v in enumerate(start)] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iterations):
+        order = sorted(range(n + 1), key=values.__getitem__)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        if abs(values[-1] - values[0]) <= tolerance * (1.0 + abs(values[0])):
+            break
+        centroid = [sum(x[j] for x in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+
+        def toward(coefficient: float) -> list[float]:
+            return [c + coefficient * (w - c) for c, w in zip(centroid, worst)]
+
+        reflected = toward(-1.0)
+        reflected_value = f(reflected)
+        if reflected_value < values[0]:
+            expanded = toward(-2.0)
+            expanded_value = f(expanded)
+            simplex[-1], values[-1] = (expanded, expanded_value) if expanded_value < reflected_value \
+                else (reflected, reflected_value)
+        elif reflected_value < values[-2]:
+            simplex[-1], values[-1] = reflected, reflected_value
+        else:
+            contracted = toward(0.5 if reflected_value < values[-1] else -0.5)
+            contracted_value = f(contracted)
+            if contracted_value < min(values[-1], reflected_value):
+                simplex[-1], values[-1] = contracted, contracted_value
+            else:  # shrink toward the best
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (v - b) for b, v in zip(best, x)] for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    index = min(range(n + 1), key=values.__getitem__)
+    return simplex[index], values[index]
+
+
+# --- the whole calibration -------------------------------------------------
+
+
+def host_facts() -> dict:
+    """What the timings depend on besides the code: printed beside them and
+    kept in the file, so a stale or foreign calibration can be told apart."""
+    torch = _import_engine()[0]
+    cpu_model = "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            cpu_model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                             cpu_model)
+    except OSError:
+        pass
+    return {"cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch_version": torch.__version__, "load_average": list(os.getloadavg())}
+
+
+def calibrate(model_dir: str | os.PathLike[str], model: ModelSpec, *, base: Hardware | str = "cpu",
+              grid: Sequence[GridPoint] | None = None, repetitions: int = 6, passes: int = 2,
+              dtype: str = "float32", seed: int = 0, clock: str = "wall",
+              progress: Callable[[int, int], None] | None = None) -> tuple[list[StepTiming], Fit, dict]:
+    """Measure, fit, and the calibration document (timings, fit, document).
+    `model` is the spec of the checkpoint in `model_dir` (the cost model's
+    view of it); call `tune_process` first. `clock` "cpu" fits the process
+    CPU time instead of the wall time: steady on a machine other work
+    shares, and the same thing when torch runs one thread on an idle core."""
+    before = host_facts()
+    timings = measure_step_times(model_dir, grid, repetitions=repetitions, passes=passes, dtype=dtype, seed=seed,
+                                 progress=progress)
+    shares = [t.cpu_share for t in timings if t.cpu_share is not None]
+    timings = [timing.on_clock(clock) for timing in timings]
+    fit = fit_efficiency(timings, model, base, dtype)
+    host = {**before, "load_average_before": before.pop("load_average"),
+            "load_average_after": list(os.getloadavg()), "repetitions": repetitions, "passes": passes,
+            "clock": clock, "median_cpu_share": statistics.median(shares) if shares else None}
+    return timings, fit, calibration_document(timings, fit, model=model.name, dtype=dtype, host=host)
+
+
+# --- the file ---------------------------------------------------------------
+
+
+class CalibratedCost(NamedTuple):
+    """What a CostModel needs from a calibration."""
+
+    hardware: Hardware
+    efficiency: Efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A calibration file, read back."""
+
+    hardware: Hardware
+    efficiency: Efficiency
+    model: str
+    dtype: str
+    created_at_s: float  # epoch seconds
+    host: dict = field(default_factory=dict)  # cpu_model, cpu_count, torch_threads, load averages
+    fit: dict = field(default_factory=dict)   # median/max relative error, fitted rates
+    shapes: tuple[dict, ...] = ()
+
+    @property
+    def age_s(self) -> float:
+        return time.time() - self.created_at_s
+
+
+def calibration_document(timings: Sequence[StepTiming], fit: Fit, *, model: str, dtype: str,
+                         host: dict | None = None) -> dict:
+    errors = sorted(abs(e) for e in fit.relative_errors)
+    return {
+        "format": FORMAT,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created_at_s": time.time(),
+        "model": model,
+        "dtype": dtype,
+        "host": host or {},
+        "hardware": asdict(fit.hardware),
+        "efficiency": asdict(fit.efficiency),
+        "fit": {
+            "flops_per_s": fit.flops_per_s,
+            "bytes_per_s": fit.bytes_per_s,
+            "step_overhead_s": fit.efficiency.step_overhead_s,
+            "median_relative_error": fit.median_relative_error,
+            "p90_relative_error": errors[min(len(errors) - 1, math.ceil(0.9 * len(errors)) - 1)],
+            "max_relative_error": fit.max_relative_error,
+            "loss": "sum of squared log(fitted / measured) over the shapes",
+        },
+        "shapes": [
+            {"kind": t.kind, "chunks": [list(chunk) for chunk in t.shape.chunks], "measured_s": t.seconds,
+             "fitted_s": fitted_s, "relative_error": error, "samples_s": list(t.samples_s),
+             "cpu_samples_s": list(t.cpu_samples_s)}
+            for t, fitted_s, error in zip(timings, fit.fitted_s, fit.relative_errors)
+        ],
+    }
+
+
+def write_calibration(path: str | os.PathLike[str], document: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_calibration(path: str | os.PathLike[str]) -> Calibration:
+    """A calibration file; ValueError naming the file if it is not one."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+        if document.get("format") != FORMAT:
+            raise ValueError(f"format {document.get('format')!r}, expected {FORMAT!r}")
+        return Calibration(
+            hardware=Hardware(**document["hardware"]), efficiency=Efficiency(**document["efficiency"]),
+            model=document["model"], dtype=document["dtype"], created_at_s=float(document["created_at_s"]),
+            host=dict(document.get("host", {})), fit=dict(document.get("fit", {})),
+            shapes=tuple(document.get("shapes", ())),
+        )
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: not a usable calibration file: {error}") from None
+
+
+def load_calibration(path: str | os.PathLike[str]) -> CalibratedCost:
+    """(Hardware, Efficiency) from a calibration file, for a CostModel:
+    `CostModel(hardware, model, dtype=calibration's dtype, efficiency=efficiency)`."""
+    calibration = read_calibration(path)
+    return CalibratedCost(calibration.hardware, calibration.efficiency)

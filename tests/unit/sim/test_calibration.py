@@ -1,0 +1,121 @@
+"""Calibration: the fit recovers the terms that made synthetic timings, the
+file round-trips, and a real (tiny) measurement yields a finite fit. No
+timing is asserted: only that the numbers exist and hang together."""
+
+import math
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from sluice.sim.calibrate import (
+    FORMAT, GridPoint, StepTiming, calibration_document, default_grid, fit_efficiency, load_calibration,
+    measure_step_times, read_calibration, write_calibration,
+)
+from sluice.sim.cost_model import CostModel, Efficiency
+from sluice.sim.hardware import HARDWARE
+from sluice.sim.model_spec import MODELS
+
+CPU = HARDWARE["cpu"]
+TINY = MODELS["tiny-llama"]
+
+
+def synthetic_timings(hardware=CPU, efficiency=Efficiency(compute=0.3, bandwidth=0.6, step_overhead_s=0.002),
+                      grid=None):
+    """What a machine that is exactly the cost model would measure."""
+    cost = CostModel(hardware, TINY, dtype="float32", efficiency=efficiency)
+    points = default_grid(quick=True) if grid is None else grid
+    return [StepTiming(p.kind, p.shape, (cost.step_time_s(p.shape),)) for p in points]
+
+
+def test_the_fit_recovers_known_efficiencies_from_synthetic_timings():
+    known = Efficiency(compute=0.3, bandwidth=0.6, step_overhead_s=0.002)
+    fit = fit_efficiency(synthetic_timings(efficiency=known), TINY, "cpu", "float32")
+    assert fit.efficiency.compute == pytest.approx(known.compute, rel=0.01)
+    assert fit.efficiency.bandwidth == pytest.approx(known.bandwidth, rel=0.01)
+    assert fit.efficiency.step_overhead_s == pytest.approx(known.step_overhead_s, rel=0.01)
+    # Within the preset's peaks, so they are kept.
+    assert (fit.hardware.peak_flops_per_s, fit.hardware.hbm_bandwidth_bytes_per_s) == (
+        CPU.peak_flops_per_s, CPU.hbm_bandwidth_bytes_per_s)
+    assert fit.hardware.name == "cpu-calibrated"
+    assert fit.max_relative_error < 0.01
+
+
+def test_a_rate_over_the_presets_peak_becomes_the_peak_at_full_efficiency():
+    fast_memory = replace(CPU, hbm_bandwidth_bytes_per_s=5 * CPU.hbm_bandwidth_bytes_per_s)
+    known = Efficiency(compute=0.2, bandwidth=1.0, step_overhead_s=0.001)
+    timings = synthetic_timings(fast_memory, known)
+    fit = fit_efficiency(timings, TINY, CPU, "float32")
+    assert fit.efficiency.bandwidth == 1.0
+    assert fit.hardware.hbm_bandwidth_bytes_per_s == pytest.approx(fast_memory.hbm_bandwidth_bytes_per_s, rel=0.01)
+    assert fit.efficiency.compute == pytest.approx(0.2, rel=0.01)
+    # Expressed either way, the calibrated pair gives the measured step times back.
+    calibrated = CostModel(fit.hardware, TINY, dtype="float32", efficiency=fit.efficiency)
+    for timing in timings:
+        assert calibrated.step_time_s(timing.shape) == pytest.approx(timing.seconds, rel=0.01)
+
+
+def test_the_fit_needs_three_timings():
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_efficiency(synthetic_timings()[:2], TINY)
+
+
+def test_a_grid_point_needs_work_and_the_default_grid_spans_the_brief():
+    with pytest.raises(ValueError):
+        GridPoint()
+    grid = default_grid()
+    decodes = [p.decodes for p in grid if p.kind == "decode"]
+    chunks = [p.prefill_tokens for p in grid if p.kind == "prefill"]
+    assert (min(decodes), max(decodes), min(chunks), max(chunks)) == (1, 64, 16, 512)
+    assert any(p.kind == "mixed" for p in grid)
+    assert GridPoint(2, 100, 64, 32).shape.chunks == ((1, 100), (1, 100), (64, 32))
+
+
+def test_the_calibration_file_round_trips(tmp_path):
+    timings = synthetic_timings()
+    fit = fit_efficiency(timings, TINY, "cpu", "float32")
+    document = calibration_document(timings, fit, model=TINY.name, dtype="float32", host={"cpu_model": "test"})
+    path = write_calibration(tmp_path / "nested" / "calibration.json", document)
+    hardware, efficiency = load_calibration(path)
+    assert (hardware, efficiency) == (fit.hardware, fit.efficiency)
+    calibration = read_calibration(path)
+    assert (calibration.model, calibration.dtype, calibration.host["cpu_model"]) == (TINY.name, "float32", "test")
+    assert len(calibration.shapes) == len(timings)
+    assert calibration.fit["median_relative_error"] == pytest.approx(fit.median_relative_error)
+    assert 0 <= calibration.age_s < 60
+
+
+def test_a_file_that_is_not_a_calibration_is_refused_with_its_name(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text('{"format": "something-else"}')
+    with pytest.raises(ValueError, match="other.json"):
+        load_calibration(path)
+    with pytest.raises(ValueError, match="missing.json"):
+        load_calibration(tmp_path / "missing.json")
+    path.write_text('{"format": "%s", "hardware": {}}' % FORMAT)
+    with pytest.raises(ValueError, match="other.json"):
+        read_calibration(path)
+
+
+def test_the_calibration_module_imports_without_torch():
+    code = "import sys, sluice.sim.calibrate, sluice.sim.calibrate_cli; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_small_real_measurement_of_the_tiny_model_gives_a_finite_fit(tiny_model_dir):
+    grid = (GridPoint(decodes=1, decode_context_tokens=16), GridPoint(decodes=8, decode_context_tokens=128),
+            GridPoint(prefill_tokens=32, prefill_depth_tokens=0), GridPoint(prefill_tokens=64, prefill_depth_tokens=64),
+            GridPoint(4, 64, 32, 32))
+    timings = measure_step_times(tiny_model_dir, grid, repetitions=2, passes=1)
+    assert [t.kind for t in timings] == ["decode", "decode", "prefill", "prefill", "mixed"]
+    for point, timing in zip(grid, timings):
+        # The planned step is the point's, the decodes a warm-up token or two further on.
+        assert [n for n, _ in timing.shape.chunks] == [n for n, _ in point.shape.chunks]
+        assert [c for n, c in timing.shape.chunks if n > 1] == [c for n, c in point.shape.chunks if n > 1]
+        assert len(timing.samples_s) == len(timing.cpu_samples_s) == 2
+        assert all(s > 0 and math.isfinite(s) for s in timing.samples_s)
+    fit = fit_efficiency(timings, TINY, "cpu", "float32")
+    assert all(math.isfinite(v) and v > 0 for v in (fit.flops_per_s, fit.bytes_per_s))
+    assert 0 < fit.efficiency.compute <= 1 and 0 < fit.efficiency.bandwidth <= 1
+    assert math.isfinite(fit.max_relative_error)
