@@ -1,0 +1,137 @@
+"""PNG plots of simulation results (matplotlib, the `sluice-sim[plots]` extra).
+
+    latency_cdfs(results_by_policy, path)   TTFT and inter-token CDFs, a column per class,
+                                            one line per policy
+    kv_occupancy(results, path)             each replica's KV occupancy over time
+    goodput_vs_rate(points, path)           goodput against arrival rate, one line per policy
+
+matplotlib is imported when a plot is drawn, never when this module is, so
+the simulator runs without it; a missing matplotlib raises an ImportError
+that says what to install. Figures are built as `Figure` objects on an Agg
+canvas, not through pyplot: no global figure state, no GUI backend, and
+nothing to close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sluice.sim.results import SimResults
+
+CLASSES = ("interactive", "batch")
+# A CDF line needs no more points than a figure has pixels across: larger
+# samples (an hour of inter-token gaps is millions) are thinned to this many
+# evenly spaced ranks, which keeps every percentile in place.
+MAX_CDF_POINTS = 2000
+INSTALL_HINT = "plots need matplotlib: pip install 'sluice-sim[plots]' (or matplotlib)"
+
+
+def require_matplotlib() -> None:
+    """Raise ImportError with an install hint where matplotlib is missing."""
+    _figure_class()
+
+
+def _figure_class():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError(INSTALL_HINT) from error
+
+    def new_figure(**kwargs):
+        figure = Figure(**kwargs)
+        FigureCanvasAgg(figure)  # attaches itself: savefig renders with Agg
+        return figure
+
+    return new_figure
+
+
+def _cdf(values) -> tuple[list[float], list[float]]:
+    """(sorted values, cumulative share) thinned to at most MAX_CDF_POINTS."""
+    ordered = sorted(values)
+    count = len(ordered)
+    if count <= MAX_CDF_POINTS:
+        ranks = range(count)
+    else:
+        ranks = sorted({round(i * (count - 1) / (MAX_CDF_POINTS - 1)) for i in range(MAX_CDF_POINTS)})
+    return [ordered[i] for i in ranks], [(i + 1) / count for i in ranks]
+
+
+def latency_cdfs(results_by_policy: Mapping[str, SimResults], path: str | Path,
+                 classes: Sequence[str] = CLASSES) -> Path:
+    """TTFT (finished requests) and inter-token gap CDFs: a row per metric,
+    a column per service class, a line per policy; log-scaled time."""
+    new_figure = _figure_class()
+    figure = new_figure(figsize=(5.0 * len(classes), 8.0), layout="constrained")
+    axes = figure.subplots(2, len(classes), squeeze=False)
+    for column, service_class in enumerate(classes):
+        ttft_axes, itl_axes = axes[0][column], axes[1][column]
+        for policy, results in results_by_policy.items():
+            ttfts = [r.ttft_s for r in results.records
+                     if r.service_class == service_class and r.outcome == "finished" and r.ttft_s is not None]
+            gaps = results.gaps_by_class.get(service_class, ())
+            for target, values in ((ttft_axes, ttfts), (itl_axes, gaps)):
+                xs, ys = _cdf(value for value in values if value > 0)
+                if xs:
+                    target.step(xs, ys, where="post", label=f"{policy} ({len(values):,})")
+        for target, metric in ((ttft_axes, "TTFT"), (itl_axes, "inter-token time")):
+            target.set_title(f"{service_class}: {metric}")
+            target.set_xlabel("seconds")
+            target.set_ylabel("share of requests" if target is ttft_axes else "share of gaps")
+            target.set_ylim(0, 1.01)
+            target.grid(True, which="both", alpha=0.3)
+            if target.has_data():
+                target.set_xscale("log")
+                target.legend(fontsize="small", loc="lower right")
+    return _save(figure, path)
+
+
+def kv_occupancy(results: SimResults, path: str | Path, title: str | None = None) -> Path:
+    """Each replica's used share of its KV blocks at every state report."""
+    new_figure = _figure_class()
+    figure = new_figure(figsize=(10.0, 4.5), layout="constrained")
+    axes = figure.subplots()
+    by_replica: dict[str, tuple[list[float], list[float]]] = {}
+    for sample in results.samples:
+        times, shares = by_replica.setdefault(sample.replica, ([], []))
+        times.append(sample.at_s)
+        shares.append(100.0 * sample.kv_occupancy)
+    for replica, (times, shares) in sorted(by_replica.items()):
+        axes.plot(times, shares, linewidth=0.8, label=replica)
+    axes.set_title(title or f"KV occupancy, {len(by_replica)} replica(s)")
+    axes.set_xlabel("simulated time (s)")
+    axes.set_ylabel("KV blocks in use (%)")
+    axes.set_ylim(0, 100)
+    axes.grid(True, alpha=0.3)
+    if 0 < len(by_replica) <= 16:
+        axes.legend(fontsize="small", ncols=min(len(by_replica), 8), loc="upper right")
+    return _save(figure, path)
+
+
+def goodput_vs_rate(points: Mapping[str, Sequence[tuple[float, float]]], path: str | Path,
+                    title: str | None = None) -> Path:
+    """`points[policy]` = [(arrival rate, goodput requests per second), ...]."""
+    new_figure = _figure_class()
+    figure = new_figure(figsize=(7.0, 4.5), layout="constrained")
+    axes = figure.subplots()
+    for policy, pairs in points.items():
+        ordered = sorted(pairs)
+        if ordered:
+            axes.plot([rate for rate, _ in ordered], [goodput for _, goodput in ordered], marker="o", label=policy)
+    axes.set_title(title or "goodput vs arrival rate")
+    axes.set_xlabel("arrival rate (requests/s)")
+    axes.set_ylabel("goodput (requests/s meeting the SLOs)")
+    axes.set_xlim(left=0)
+    axes.set_ylim(bottom=0)
+    axes.grid(True, alpha=0.3)
+    if axes.has_data():
+        axes.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def _save(figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", dpi=110)
+    return path
