@@ -12,9 +12,12 @@ that hardware model, not a promise of absolute latency.
 Prints, per rate and policy: interactive goodput (requests per second that
 met both the 2 s TTFT and the 100 ms TPOT target), SLO attainment, and TTFT
 p50/p99 for chats and for documents apart; then
-  * interactive goodput, sluice / fcfs-no-chunk, at each rate, and at the
-    highest rate where Sluice still meets its SLO for >= 90% of interactive
-    requests ("near capacity")                                (target >= 2.5x)
+  * interactive goodput, sluice / fcfs-no-chunk, at each rate, and "near
+    capacity": the highest rate at which Sluice still meets the SLO for as
+    large a share of interactive requests as at the lowest rate, within 2
+    points (past it, Sluice too starts to lose requests to the load; the
+    documents' own TTFT caps the share at any load: a 32K prefill takes
+    seconds on this hardware, so they miss a 2 s target)  (target >= 2.5x)
   * the ideal TTFT of a 32K-token prompt on this hardware (its prefill
     FLOPs / peak compute) beside Sluice's simulated p50 TTFT for documents:
     the simulator must never beat physics
@@ -39,7 +42,7 @@ from sluice.sim.workload import seed_mix
 POLICIES = ("sluice", "fcfs-no-chunk", "chunked-unfair")
 SLOS = {"interactive": Slo(ttft_s=2.0, tpot_s=0.1), "batch": Slo(ttft_s=600.0, tpot_s=1e9)}
 DOCUMENT_TOKENS = 16_384  # the mix's documents are 16K-32K; its chats at most 4K
-NEAR_CAPACITY_ATTAINMENT = 0.9
+NEAR_CAPACITY_SLACK = 0.02  # attainment points below the lowest rate's that still count as "serving as idle"
 
 
 def simulate(policy: str, requests, cost: CostModel, model) -> dict:
@@ -66,7 +69,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     duration_s = 120.0 if args.quick else 300.0
-    rates = (3.0, 4.5) if args.quick else (2.0, 3.0, 4.0, 4.5, 5.0)
+    rates = (2.0, 4.0, 5.0) if args.quick else (2.0, 3.0, 4.0, 4.5, 5.0, 5.5, 6.0)
     model = MODELS["llama-3-70b"]
     cost = CostModel(HARDWARE["h200"], model, tp=8)
     print(f"llama-3-70b, 1 replica of TP8 on h200 ({cost.kv_capacity_tokens(16):,} KV tokens); seed mix, "
@@ -92,13 +95,18 @@ def main() -> int:
         ours = row["sluice"]["by_class"]["interactive"]["goodput_rps"]
         ratios[rate] = ours / base if base else float("inf")
     print("interactive goodput, sluice / fcfs-no-chunk: " + ", ".join(f"{r}/s {x:.2f}x" for r, x in ratios.items()))
-    near = [r for r in rates if table[r]["sluice"]["by_class"]["interactive"]["slo_met_share"] >= NEAR_CAPACITY_ATTAINMENT]
-    near_rate = max(near) if near else rates[0]
+    attainment = {r: table[r]["sluice"]["by_class"]["interactive"]["slo_met_share"] for r in rates}
+    floor = attainment[rates[0]] - NEAR_CAPACITY_SLACK
+    near_rate = rates[0]
+    for rate in rates:  # the knee: the last rate before Sluice's attainment first drops below the floor
+        if attainment[rate] < floor:
+            break
+        near_rate = rate
     ideal_s = cost.ideal_prefill_s(32_768)
     doc_p50 = max((table[r]["sluice"]["ttft_by_kind_s"]["document"]["p50"] or 0.0) for r in rates)
     doc_p50_min = min((table[r]["sluice"]["ttft_by_kind_s"]["document"]["p50"] or float("inf")) for r in rates)
-    print(f"near capacity (Sluice meets the SLO for >= {NEAR_CAPACITY_ATTAINMENT:.0%}): {near_rate}/s, "
-          f"goodput ratio {ratios[near_rate]:.2f}x")
+    print(f"near capacity (Sluice's SLO attainment within {NEAR_CAPACITY_SLACK:.0%} of its {attainment[rates[0]]:.1%} "
+          f"at {rates[0]}/s): {near_rate}/s, goodput ratio {ratios[near_rate]:.2f}x")
     print(f"physics: a 32K prompt's prefill FLOPs / peak compute = {ideal_s * 1000:.0f} ms; Sluice's simulated "
           f"document p50 TTFT {doc_p50_min * 1000:.0f}-{doc_p50 * 1000:.0f} ms across rates")
     ok_ratio = ratios[near_rate] >= 2.5
