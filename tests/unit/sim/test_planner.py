@@ -55,6 +55,7 @@ def test_the_smallest_replica_count_that_meets_is_found_in_logarithmic_probes():
     assert [f.replicas for f in fake.calls] == [1, 2, 4, 8, 6, 5]
     assert [a.fleet.replicas for a in outcome.attempts] == [1, 2, 4, 5, 6, 8]
     assert outcome.choice.cost_per_hour == pytest.approx(2.5 * 40)
+    assert outcome.note == "6 probes; 4 missed on interactive"
 
 
 @pytest.mark.parametrize("needed", [1, 2, 3, 7, 16, 17, 31, 32])
@@ -143,6 +144,7 @@ def test_batch_misses_alone_keep_the_search_going():
 
     outcome = search_shape("h100", 8, SearchSpace(), TARGETS, 2.5, batch_short)
     assert outcome.choice.fleet.replicas == 3
+    assert outcome.note.endswith("2 missed on batch")
 
 
 def test_cost_per_million_tokens_is_the_fleet_price_over_its_throughput():

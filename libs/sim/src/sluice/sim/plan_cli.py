@@ -179,9 +179,9 @@ def _print_plan(result: Plan) -> None:
     notes = []
     for shape in result.shapes:
         choice = shape.choice
+        notes.append(f"  {shape.gpu} tp {shape.tp}: {shape.note}")
         if choice is None:
             print(f"{shape.gpu:<6} {shape.tp:>3}  {shape.status:<12} {'-':>8}")
-            notes.append(f"  {shape.gpu} tp {shape.tp}: {shape.note}")
             continue
         probe = choice.probe
         print(f"{shape.gpu:<6} {shape.tp:>3}  {shape.status:<12} {choice.fleet.replicas:>8} {choice.fleet.num_gpus:>5} "

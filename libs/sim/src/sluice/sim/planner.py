@@ -296,7 +296,16 @@ def search_shape(
             high = middle
         else:
             low = middle
-    return outcome(MET, f"{len(attempts)} probes", attempts[high])
+    below = attempts.get(high - 1)
+    binding = "" if below is None else f"; {high - 1} missed on {_failing(below.probe, targets)}"
+    return outcome(MET, f"{len(attempts)} probes{binding}", attempts[high])
+
+
+def _failing(probe: Probe, targets: SloTargets) -> str:
+    failing = [name for name, share, target in (
+        ("interactive", probe.interactive_attainment, targets.attainment),
+        ("batch", probe.batch_attainment, targets.batch_attainment)) if share < target]
+    return " and ".join(failing)
 
 
 def _saturated(smaller: Probe, larger: Probe, targets: SloTargets, space: SearchSpace) -> bool:
