@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slo-attainment", type=float, default=0.99,
                         help="share of interactive requests that must meet both targets (refused ones miss)")
     parser.add_argument("--batch-ttft-slo-s", type=float, default=600.0)
-    parser.add_argument("--batch-attainment", type=float, default=0.95,
+    parser.add_argument("--batch-attainment", type=float, default=0.9,
                         help="share of batch requests that must finish within their TTFT target (refused ones miss)")
     parser.add_argument("--price", action="append", default=[], metavar="GPU=PRICE",
                         help="price per GPU-hour, overriding the preset's (repeatable or comma-separated)")

@@ -20,10 +20,14 @@ Meeting the SLOs, over one simulated run of the workload (`SloTargets`):
                   and TPOT (mean time per output token after the first) <= tpot_s
                   is at least `attainment`. A refused request is a miss.
     batch         the share of batch requests that finished with TTFT <=
-                  batch_ttft_s is at least `batch_attainment`. A refused one
-                  (batch_paused, ...) is a miss: it comes back with a Retry-After,
-                  so a few are tolerated, but a fleet that sheds much of its
-                  batch load is too small for it.
+                  batch_ttft_s is at least `batch_attainment` (default 0.9).
+                  A refused one (batch_paused, ...) is a miss. The tolerance
+                  is wider than interactive's because pausing batch during an
+                  interactive burst is the overload controller's first lever,
+                  a paused call comes back after its Retry-After (which the
+                  simulation does not replay), and a run holds few batch
+                  requests (~45 in 300 s at 1 request/s); a fleet that sheds
+                  batch steadily still fails it.
 
 The per-1K allowance exists because a long prompt's TTFT is mostly its own
 prefill: a 32K-token document takes over 2 s to prefill on 8 Hopper GPUs
@@ -87,7 +91,7 @@ class SloTargets:
     attainment: float = 0.99
     ttft_per_1k_prompt_tokens_s: float = 0.0
     batch_ttft_s: float = 600.0
-    batch_attainment: float = 0.95
+    batch_attainment: float = 0.9
 
     def __post_init__(self) -> None:
         if self.ttft_s <= 0 or self.tpot_s <= 0 or self.batch_ttft_s <= 0:
