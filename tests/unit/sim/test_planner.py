@@ -98,6 +98,17 @@ def test_equal_cost_goes_to_fewer_gpus():
     assert result.best.fleet == Fleet("h200", 8, 1)
 
 
+def test_equal_cost_and_gpus_go_to_the_fleet_that_served_more_tokens():
+    def served(fleet):
+        if fleet.replicas * fleet.tp < 16:
+            return make_probe(interactive=0.5, delayed=0.5)
+        return make_probe(output_tokens_per_s=900.0 if fleet.tp == 4 else 1000.0)
+
+    result = plan(SearchSpace(gpus=("h100",), tps=(4, 8)), TARGETS, PRICES, fits_all, served)
+    assert [s.choice.fleet.num_gpus for s in result.shapes] == [16, 16]
+    assert result.best.fleet == Fleet("h100", 8, 2)
+
+
 def test_nothing_feasible_up_to_max_replicas_is_reported_as_such():
     fake = FakeFleets({("h100", 8): 100})
     result = plan(SearchSpace(gpus=("h100",), tps=(8,), max_replicas=12), TARGETS, PRICES, fits_all, fake)

@@ -4,7 +4,8 @@ that meets the SLOs at a given arrival rate, and what it costs.
     for each GPU type, each TP degree the model's weights fit on:
         probe 1, 2, 4, ... replicas until one meets the SLOs (max_replicas is
         probed last), then bisect between the last miss and the first hit
-    the cheapest shape's smallest fleet wins (cost per hour; ties: fewer GPUs)
+    the cheapest shape's smallest fleet wins (cost per hour; ties: fewer GPUs,
+    then the lower cost per million output tokens)
 
 The search assumes that more replicas never make a fleet miss SLOs it met
 with fewer (monotone in replicas): it is what lets a bisection stand in for
@@ -256,8 +257,17 @@ def plan(
                 continue
             shapes.append(search_shape(gpu, tp, space, targets, prices[gpu], simulate, on_attempt))
     choices = [shape.choice for shape in shapes if shape.choice is not None]
-    best = min(choices, key=lambda c: (c.cost_per_hour, c.fleet.num_gpus, c.fleet.gpu, c.fleet.tp), default=None)
+    best = min(choices, key=_cheapness, default=None)
     return Plan(tuple(shapes), best)
+
+
+def _cheapness(choice: FleetCost) -> tuple:
+    # Cost per hour first: every candidate serves the same arrivals. Then
+    # fewer GPUs; then the one that served more tokens for the money (it
+    # refused fewer); the names last, so a tie always resolves the same way.
+    per_million = choice.cost_per_million_output_tokens
+    return (choice.cost_per_hour, choice.fleet.num_gpus, float("inf") if per_million is None else per_million,
+            choice.fleet.gpu, choice.fleet.tp)
 
 
 def search_shape(
