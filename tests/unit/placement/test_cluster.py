@@ -373,6 +373,27 @@ def test_a_short_prompt_behind_a_long_one_of_the_same_tenant_still_dispatches():
     assert set(dispatched(scheduler.schedule(0.0))) == {"long0", "long1", "chat"}
 
 
+def test_a_long_prompt_waits_for_the_lane_in_its_prediction_and_is_refused_early_past_the_slo():
+    """The lane serialises long prompts: one joining behind them is predicted
+    to start when the lane has drained them, at their measured lane time,
+    and refused at once if that is past the SLO (not left to time out)."""
+    scheduler = make_scheduler(make_view("r0", total=1000), long_prompt_tokens=1000, long_prefills_per_replica=1,
+                               interactive=replace(LOOSE, ttft_slo_s=3.0))
+    enqueue_all(scheduler, [make_ask("first", tenant="a", prompt=1000)])
+    scheduler.schedule(0.0)
+    scheduler.started("first", 2.0)  # 2 s in the lane for 1,000 tokens: 2 ms a token
+    enqueue_all(scheduler, [make_ask("second", tenant="b", prompt=1000)], 2.0)
+    scheduler.schedule(2.0)  # in the lane now, expected to leave it at 4.0
+    third = scheduler.enqueue(make_ask("third", tenant="c", prompt=1000), 2.5)
+    assert isinstance(third, Queued) and third.predicted_start_s == pytest.approx(1.5)
+    fourth = scheduler.enqueue(make_ask("fourth", tenant="d", prompt=1500), 2.5)
+    # Behind second's 1.5 s left and third's 2 s: 3.5 s, past the 3 s SLO.
+    assert isinstance(fourth, Refused) and fourth.reason is Reason.OVER_CAPACITY
+    assert fourth.predicted_start_s == pytest.approx(3.5)
+    # A chat is not in the lane: it goes at once.
+    assert scheduler.enqueue(make_ask("chat", tenant="e"), 2.5).predicted_start_s == 0.0
+
+
 # -- prefix-aware choice ------------------------------------------------------------
 
 PROMPT = hashes("p0", "p1", "p2", "p3", "p4")

@@ -88,6 +88,19 @@ class ServiceTimeEstimate:
     # turns over in one mean service time (independent of what is queued,
     # so that more work ahead can only push a prediction later).
     output_tokens: float | None = None
+    # Seconds of the pool's long-prefill lane a long prompt takes per prompt
+    # token, from dispatch to its first token, smoothed over long prompts
+    # (kept apart from first_token_s: one 32K prompt would swamp the chats'
+    # figure). None until a long prompt started: the lane then adds nothing.
+    long_prefill_s_per_token: float | None = None
+
+    def observe_long_prefill(self, seconds: float, prompt_tokens: int) -> None:
+        if prompt_tokens > 0:
+            per_token = max(seconds, 0.0) / prompt_tokens
+            self.long_prefill_s_per_token = _smooth(self.long_prefill_s_per_token, per_token, self.smoothing)
+
+    def long_prefill_s(self, prompt_tokens: int) -> float:
+        return 0.0 if self.long_prefill_s_per_token is None else prompt_tokens * self.long_prefill_s_per_token
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _smooth(self.first_token_s, max(seconds, 0.0), self.smoothing)

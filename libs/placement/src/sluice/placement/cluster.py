@@ -160,6 +160,9 @@ class ClusterScheduler:
         policy = self.config.class_policy(is_batch)
         queue = self._queue(version, ask.service_class)
         delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s, ask.critical)
+        is_long = bool(self.config.long_prompt_tokens) and ask.prompt_tokens >= self.config.long_prompt_tokens
+        if is_long:
+            delay_s = max(delay_s, self._long_lane_delay_s(version, ask.service_class, len(views), now_s))
         if not is_batch:
             self._arrival_predictions[version].append((now_s, delay_s))
         # The last places of each queue are the critical tenants' reserve.
@@ -184,7 +187,6 @@ class ClusterScheduler:
         deadline_s = now_s + policy.max_queue_wait_s
         if ask.deadline_s:
             deadline_s = min(deadline_s, ask.deadline_s)
-        is_long = bool(self.config.long_prompt_tokens) and ask.prompt_tokens >= self.config.long_prompt_tokens
         queue.push(QueueEntry(ask, now_s, deadline_s, kv_blocks, reservation.output_tokens, is_long, output_cap_tokens))
         return Queued(ask.request_id, delay_s, version)
 
@@ -223,7 +225,11 @@ class ClusterScheduler:
     def started(self, request_id: str, now_s: float) -> None:
         reservation = self.ledger.mark_started(request_id, now_s)
         if reservation is not None:
-            self._service[reservation.model_version].observe_first_token(now_s - reservation.granted_at_s)
+            estimate = self._service[reservation.model_version]
+            if reservation.is_long:
+                estimate.observe_long_prefill(now_s - reservation.granted_at_s, reservation.prompt_tokens)
+            else:
+                estimate.observe_first_token(now_s - reservation.granted_at_s)
 
     def release(self, request_id: str, output_tokens: int, now_s: float, owner: str | None = None) -> bool:
         """The request ended (or left its queue). False if unknown."""
@@ -433,6 +439,30 @@ class ClusterScheduler:
             running.append(RunningWork(finish_s, r.kv_blocks))
         mean_service_s = estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive, step_time_s)
         return predict_start_delay_s(now_s, capacity, needed, running, mean_service_s)
+
+    def _long_lane_delay_s(self, version: str, service_class: ServiceClass, num_replicas: int, now_s: float) -> float:
+        """When a long prompt joining now would get a place in the pool's
+        long-prefill lane: the lane's places drain the long prompts
+        prefilling and those queued ahead (all of a more important class,
+        all of its own: VTC orders them, the lane is first come per turn),
+        each taking its measured lane time per prompt token."""
+        estimate = self._service[version]
+        lanes = self.config.long_prefills_per_replica * num_replicas
+        prefilling = [
+            max(0.0, r.granted_at_s + estimate.long_prefill_s(r.prompt_tokens) - now_s)
+            for r in self.ledger.reservations()
+            if r.model_version == version and r.is_long and r.started_at_s is None
+        ]
+        ahead_s = 0.0
+        for queued_class in ServiceClass:
+            if queued_class > service_class:
+                break
+            queue = self._queues.get((version, queued_class))
+            if queue:
+                ahead_s += sum(estimate.long_prefill_s(e.ask.prompt_tokens) for e in queue.entries() if e.is_long)
+        if len(prefilling) < lanes and not ahead_s:
+            return 0.0
+        return (sum(prefilling) + ahead_s) / lanes
 
     def _work_ahead(self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int) -> tuple[int, int]:
         """Queued work that would be dispatched before this request: all of a
