@@ -230,7 +230,8 @@ def _plots(args: argparse.Namespace, scenario: Scenario, fleet: Fleet, by_policy
     args.plots.mkdir(parents=True, exist_ok=True)
     written = [
         str(plots.latency_cdfs(by_policy, args.plots / "latency_cdfs.png")),
-        str(plots.kv_occupancy(by_policy[args.policy], args.plots / "kv_occupancy.png")),
+        str(plots.kv_occupancy(by_policy[args.policy], args.plots / "kv_occupancy.png",
+                               title=f"KV occupancy per replica: {fleet}, {args.policy}")),
     ]
     started_s = time.perf_counter()
     duration_s = min(args.sweep_duration_s, args.duration_s)
