@@ -3,6 +3,8 @@
     sluice sim --model llama-3-70b --gpu h200 --tp 8 --replicas 1 \\
                --workload seed-mix --rate 2 --duration-s 600 \\
                [--policy sluice | --compare] [--seed 0] [--json out.json]
+    sluice sim plan ...        the smallest fleet meeting SLOs (sluice.sim.plan_cli; also `sluice plan`)
+    sluice sim calibrate ...   fit the cost model to this machine (sluice.sim.calibrate_cli)
 
 `--model` is a preset (llama-3-70b, llama-3-8b, tiny-llama) or a Hugging
 Face config.json (or its directory); `--gpu` a preset (h100, h200, cpu);
@@ -23,6 +25,7 @@ writes the same as a document: per policy, overall and per class,
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -66,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Subcommands with flags of their own: each module's main(argv).
+SUBCOMMANDS = {"plan": "sluice.sim.plan_cli", "calibrate": "sluice.sim.calibrate_cli"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         document = run(args)

@@ -1,0 +1,35 @@
+"""`sluice sim`: the document it writes has the shape the issue names, and
+its subcommands reach their own modules."""
+
+import json
+
+import pytest
+
+from sluice.sim import cli
+
+
+def test_sluice_sim_writes_the_results_document(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    assert cli.main(["--model", "llama-3-8b", "--gpu", "h100", "--tp", "1", "--workload", "seed-mix", "--rate", "1",
+                     "--duration-s", "20", "--seed", "1", "--json", str(out), "--quiet"]) == 0
+    document = json.loads(out.read_text())
+    for block in (document["overall"], document["by_class"]["interactive"]):
+        for key in ("ttft_s", "itl_s", "e2e_s"):
+            assert set(block[key]) == {"p50", "p90", "p99"}
+        assert block["goodput_rps"] >= 0 and block["output_tokens_per_s"] > 0
+        assert isinstance(block["rejections"], dict)
+    assert document["config"]["model"] == "llama-3-8b" and document["policies"]["sluice"]["overall"]
+    assert "sluice" in capsys.readouterr().out
+
+
+def test_a_trace_path_that_does_not_exist_is_a_clear_error(capsys):
+    assert cli.main(["--workload", "/nonexistent/trace.csv", "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("subcommand", ["plan", "calibrate"])
+def test_subcommands_have_their_own_flags(subcommand, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([subcommand, "--help"])
+    assert exit_.value.code == 0
+    assert "sluice" in capsys.readouterr().out
