@@ -58,9 +58,19 @@ class EngineRequest:
     # interactive work. A canary that queued behind real work would report
     # a busy replica as wedged.
     probe: bool = False
+    # Prompt tokens whose KV another instance computed and transferred (the
+    # decode side of a disaggregated deployment, as vLLM's KV connectors
+    # do): admitted as computed, like a prefix-cache hit, into freshly
+    # allocated blocks. At most prompt length - 1, so the last prompt token
+    # is computed here and samples the next. Claimed at first admission
+    # only: a preempted sequence's blocks, and the KV in them, are gone.
+    external_prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id}: empty prompt")
         if self.stop.max_output_tokens < 1:
             raise ValueError(f"request {self.request_id}: max_output_tokens must be >= 1")
+        if not 0 <= self.external_prefix_tokens < len(self.prompt_token_ids):
+            raise ValueError(f"request {self.request_id}: external_prefix_tokens must be in "
+                             f"[0, prompt length {len(self.prompt_token_ids)}), got {self.external_prefix_tokens}")

@@ -279,13 +279,16 @@ class IterationScheduler:
             if sequence.request_id in step.preempted_ids:
                 return False  # it just lost its blocks to make room this step
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
-            uncomputed = sequence.num_tokens - prefix.num_tokens
+            # Transferred K/V past the cache hit goes into the fresh blocks
+            # allocated after the hit's: both count as computed.
+            start = max(prefix.num_tokens, sequence.num_external_tokens)
+            uncomputed = sequence.num_tokens - start
             cap = self.config.long_prefill_chunk_tokens
             long = bool(cap) and uncomputed > max(self.config.long_prefill_threshold_tokens, cap)
-            take = step.take(uncomputed, long, prefix.num_tokens)
+            take = step.take(uncomputed, long, start)
             if take == 0:
                 return False  # a long prompt, and this step's long chunks are taken: it keeps its place
-            num_tokens = prefix.num_tokens + take
+            num_tokens = start + take
             kv = None
             if len(self._running) < self.config.max_num_seqs:
                 kv = self.blocks.allocate(sequence.request_id, num_tokens, prefix)
@@ -295,7 +298,7 @@ class IterationScheduler:
                 return False
             self._waiting.pop(sequence)
             sequence.status = SequenceStatus.RUNNING
-            sequence.num_computed_tokens = prefix.num_tokens
+            sequence.num_computed_tokens = start
             sequence.long_prefill = long
             if sequence.num_preemptions == 0:
                 sequence.num_cached_tokens = prefix.num_tokens
@@ -356,6 +359,9 @@ class IterationScheduler:
         self._running.remove(sequence)
         sequence.status = SequenceStatus.WAITING
         sequence.num_computed_tokens = 0
+        # Even one admitted this step and never run: the engine cannot tell
+        # whether the source still holds the K/V, so it recomputes it all.
+        sequence.num_external_tokens = 0
         if sequence.request.probe:
             self._probes.append(sequence)
         else:

@@ -46,9 +46,14 @@ class Sequence:
     # step's long-prefill slots (else a tail beside the next prompt's first
     # chunk doubles the step).
     long_prefill: bool = False
+    # Prompt tokens whose K/V arrive from another instance (the request's
+    # external_prefix_tokens) and are not computed here; zeroed when the
+    # sequence loses its blocks, since the transferred K/V went with them.
+    num_external_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
+        self.num_external_tokens = self.request.external_prefix_tokens
         self._root_hash = root_block_hash(self.request.cache_salt)
         extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens, self._root_hash)
 
