@@ -101,3 +101,18 @@ def test_the_same_seed_gives_the_same_results():
 
     assert document(3) == document(3)
     assert document(3) != document(4)
+
+
+def test_the_cli_runs_both_deployments_on_the_same_requests(tmp_path, capsys):
+    import json
+
+    from sluice.sim.disagg_cli import main
+
+    out = tmp_path / "d.json"
+    assert main(["--model", "llama-3-8b", "--gpu", "h100", "--tp", "1", "--prefill-replicas", "1",
+                 "--decode-replicas", "1", "--rate", "2", "--duration-s", "20", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["colocated"]["overall"]["requests"] == document["disaggregated"]["overall"]["requests"]
+    assert document["colocated"]["cost"]["fleet_per_hour"] == document["disaggregated"]["cost"]["fleet_per_hour"]
+    assert document["verdict"]["winner"] in ("colocated", "disaggregated", "tie")
+    assert "wins on interactive goodput" in capsys.readouterr().out or document["verdict"]["winner"] == "tie"
