@@ -27,7 +27,7 @@ def test_a_trace_path_that_does_not_exist_is_a_clear_error(capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("subcommand", ["plan", "calibrate"])
+@pytest.mark.parametrize("subcommand", ["plan", "calibrate", "disagg"])
 def test_subcommands_have_their_own_flags(subcommand, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main([subcommand, "--help"])

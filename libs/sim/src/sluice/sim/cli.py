@@ -5,6 +5,7 @@
                [--policy sluice | --compare] [--seed 0] [--json out.json]
     sluice sim plan ...        the smallest fleet meeting SLOs (sluice.sim.plan_cli; also `sluice plan`)
     sluice sim calibrate ...   fit the cost model to this machine (sluice.sim.calibrate_cli)
+    sluice sim disagg ...      disaggregated prefill/decode pools vs co-located (sluice.sim.disagg_cli)
 
 `--model` is a preset (llama-3-70b, llama-3-8b, tiny-llama) or a Hugging
 Face config.json (or its directory); `--gpu` a preset (h100, h200, cpu);
@@ -70,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Subcommands with flags of their own: each module's main(argv).
-SUBCOMMANDS = {"plan": "sluice.sim.plan_cli", "calibrate": "sluice.sim.calibrate_cli"}
+SUBCOMMANDS = {
+    "plan": "sluice.sim.plan_cli", "calibrate": "sluice.sim.calibrate_cli", "disagg": "sluice.sim.disagg_cli",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
