@@ -283,8 +283,9 @@ class Simulator:
         self.seed = seed
         scheduler = SchedulerSettings(**_overrides(SchedulerSettings))
         replica = ReplicaSettings(**_overrides(ReplicaSettings))
+        policy = build_policy("sluice", engine_config(), scheduler.placement_config())
         self.fleet = FleetSpec(
-            1, int(ENV["SLUICE_KV_CACHE_BLOCKS"]), build_policy("sluice", engine_config(), scheduler.placement_config()),
+            1, int(ENV["SLUICE_KV_CACHE_BLOCKS"]), policy,
             model_version=TINY_LLAMA.name, block_size_tokens=replica.block_size_tokens,
             max_context_tokens=TINY_LLAMA.max_context_tokens, state_interval_s=replica.state_interval_s,
             schedule_interval_s=scheduler.schedule_interval_s)

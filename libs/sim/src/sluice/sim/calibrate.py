@@ -480,9 +480,10 @@ def calibrate(model_dir: str | os.PathLike[str], model: ModelSpec, *, base: Hard
     shares = [t.cpu_share for t in timings if t.cpu_share is not None]
     timings = [timing.on_clock(clock) for timing in timings]
     fit = fit_efficiency(timings, model, base, dtype)
-    host = {**before, "load_average_before": before.pop("load_average"),
-            "load_average_after": list(os.getloadavg()), "repetitions": repetitions, "passes": passes,
-            "clock": clock, "median_cpu_share": statistics.median(shares) if shares else None}
+    load_before = before.pop("load_average")
+    host = {**before, "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
+            "repetitions": repetitions, "passes": passes, "clock": clock,
+            "median_cpu_share": statistics.median(shares) if shares else None}
     return timings, fit, calibration_document(timings, fit, model=model.name, dtype=dtype, host=host)
 
 

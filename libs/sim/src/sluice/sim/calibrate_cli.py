@@ -104,7 +104,8 @@ def print_calibration(document: dict) -> None:
           f"{efficiency['compute']:.3f}, {hardware['hbm_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s x bandwidth "
           f"{efficiency['bandwidth']:.3f}")
     print(f"fit error |fitted - measured| / measured: median {fit['median_relative_error']:.1%}, "
-          f"p90 {fit['p90_relative_error']:.1%}, max {fit['max_relative_error']:.1%} over {len(document['shapes'])} shapes")
+          f"p90 {fit['p90_relative_error']:.1%}, max {fit['max_relative_error']:.1%} "
+          f"over {len(document['shapes'])} shapes")
 
 
 def _loads(values) -> str:
