@@ -34,8 +34,10 @@ with the same requests on this machine?
     thread (SLUICE_TORCH_THREADS=1: the gateway, router, scheduler and this
     client share the 2 cores, and with two OMP threads a step stalls
     whenever one of them is descheduled); other settings the defaults.
-    Warmed up, then each slice open loop at its arrival times, four tenants
-    in turn, forced outputs (ignore_eos, max_tokens), and idle between.
+    Warmed up and its capacity measured, then each slice open loop at its
+    arrival times, four tenants in turn, forced outputs (ignore_eos,
+    max_tokens), each from idle (and the scheduler's overload stage back at
+    0, as the simulator starts).
  4. Simulated. Each slice's requests as they were sent (arrival = the
     client's send time, prompt tokens as the router counted them) through
     sluice.sim's Simulation: the calibrated CostModel of the tiny-llama spec
@@ -72,13 +74,15 @@ with the same requests on this machine?
     and one during which it was over is replayed, up to 3 tries, with fresh
     prompts (keeping a slice depends on that alone, not on the errors).
 
-Prints the calibration (fitted rates, fit error), the capacity estimate and
-rate, per slice the real outcomes and engine steps beside the simulated
-ones, the stack terms, and for each slice side by side: output tok/s,
+Prints the calibration (fitted rates, fit error), both capacity estimates
+and the rate, per slice the CPU each party took, the real outcomes and
+engine steps beside the simulated ones, the stack terms, and for each slice
+side by side: output tok/s,
 median and p90 TTFT, median and p90 ITL, real vs simulated (engine-only
 and with the stack terms) with each relative error; PASS/FAIL per figure
 and overall (validation slice, with the stack terms, every error within
-10%), and a JSON line. Exits 0 whatever the verdict; 1 only if the stack fails.
+10%; a NOTE beside it when other work still disturbed a slice), and a JSON
+line. Exits 0 whatever the verdict; 1 only if the stack fails.
 
     .venv/bin/python bench/bench_sim_fidelity.py [--quick] [--trace PATH]
 """
@@ -257,7 +261,9 @@ class TracingSimulation(Simulation):
     """A Simulation that also keeps every token's time per request (the
     results keep only first/last and pooled gaps), so the way-out delays
     can be laid over each stream. A sampling chunk is one token: requests
-    run to their forced length and are never cancelled here."""
+    run to their forced length and are never cancelled here. It hooks the
+    loop's private `_step_done` (and reads `SimReplica.plan`): the simulator
+    has no per-token callback yet."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
