@@ -33,3 +33,19 @@ def test_subcommands_have_their_own_flags(subcommand, capsys):
         cli.main([subcommand, "--help"])
     assert exit_.value.code == 0
     assert "sluice" in capsys.readouterr().out
+
+
+def test_a_calibration_file_replaces_the_preset_and_a_cpu_fleet_gets_the_cpu_engine(tmp_path):
+    from test_calibration import TINY, synthetic_timings
+
+    from sluice.sim.calibrate import calibration_document, fit_efficiency, write_calibration
+
+    timings = synthetic_timings()
+    fit = fit_efficiency(timings, TINY, "cpu", "float32")
+    path = write_calibration(tmp_path / "calibration.json",
+                             calibration_document(timings, fit, model=TINY.name, dtype="float32", host={}))
+    out = tmp_path / "sim.json"
+    assert cli.main(["--model", "tiny-llama", "--calibration", str(path), "--tp", "1", "--dtype", "fp32",
+                     "--kv-blocks", "8192", "--rate", "2", "--duration-s", "10", "--json", str(out), "--quiet"]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["gpu"] == fit.hardware.name and config["kv_blocks_per_replica"] == 8192

@@ -38,7 +38,8 @@ from sluice.placement.config import ClassPolicy, PlacementConfig
 from sluice.sim.cost_model import CostModel
 from sluice.sim.hardware import HARDWARE, hardware_by_name
 from sluice.sim.model_spec import MODELS, model_by_name_or_path
-from sluice.sim.policies import POLICIES, build_policy, gpu_engine_config
+from sluice.sim.calibrate import load_calibration
+from sluice.sim.policies import POLICIES, build_policy, cpu_engine_config, gpu_engine_config
 from sluice.sim.results import Slo, summarize
 from sluice.sim.simulator import FleetSpec, Simulation
 from sluice.sim.trace import read_trace, trace_workload
@@ -65,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-ttft-slo-s", type=float, default=600.0)
     parser.add_argument("--gpu-hour-price", type=float, default=None,
                         help="price of one GPU-hour (default: the preset's)")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="a `sluice sim calibrate` file: its hardware and efficiencies replace --gpu's preset")
+    parser.add_argument("--kv-blocks", type=int, default=0,
+                        help="KV blocks per replica (the replica's SLUICE_KV_CACHE_BLOCKS); 0 = from memory")
     parser.add_argument("--json", type=Path, default=None, help="write the results document here")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
@@ -94,10 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> dict:
     model = model_by_name_or_path(args.model)
-    hardware = hardware_by_name(args.gpu)
-    cost = CostModel(hardware, model, tp=args.tp, dtype=args.dtype)
+    if args.calibration is not None:
+        hardware, efficiency = load_calibration(args.calibration)
+        cost = CostModel(hardware, model, tp=args.tp, dtype=args.dtype, efficiency=efficiency)
+    else:
+        hardware = hardware_by_name(args.gpu)
+        cost = CostModel(hardware, model, tp=args.tp, dtype=args.dtype)
     block_size = 16
-    kv_blocks = cost.kv_capacity_blocks(block_size)
+    kv_blocks = args.kv_blocks or cost.kv_capacity_blocks(block_size)
     requests = _requests(args)
     if not requests:
         raise ValueError("the workload has no requests in that duration")
@@ -105,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
                               max_queue_length=1024)
     batch = replace(PlacementConfig().batch, ttft_slo_s=args.batch_ttft_slo_s)
     placement = PlacementConfig(interactive=interactive, batch=batch)
-    engine = gpu_engine_config(model)
+    engine = cpu_engine_config(model) if hardware.name.startswith("cpu") else gpu_engine_config(model)
     slos = {"interactive": Slo(args.ttft_slo_s, args.tpot_slo_s), "batch": Slo(args.batch_ttft_slo_s, 1e9)}
     price = hardware.price_per_hour if args.gpu_hour_price is None else args.gpu_hour_price
     fleet_price = price * args.tp * args.replicas

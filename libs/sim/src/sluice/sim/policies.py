@@ -65,6 +65,13 @@ def gpu_engine_config(model: ModelSpec, max_num_seqs: int = 256) -> SchedulerCon
     )
 
 
+def cpu_engine_config(model: ModelSpec, max_num_seqs: int = 128) -> SchedulerConfig:
+    """The replica's settings on CPU (DEVICE_DEFAULTS): 128-token
+    long-prefill chunks and 64 batch prefill tokens beside interactive work."""
+    return replace(
+        gpu_engine_config(model, max_num_seqs), long_prefill_chunk_tokens=128, batch_prefill_tokens_beside_interactive=64)
+
+
 def build_policy(name: str, engine: SchedulerConfig, placement: PlacementConfig) -> Policy:
     """`engine` and `placement` are Sluice's; the baselines are derived from them."""
     if name == "sluice":
