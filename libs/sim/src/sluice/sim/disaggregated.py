@@ -39,15 +39,13 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sluice.admission.overload import STAGE_NAMES, OverloadStage
 from sluice.outcomes import Reason
-from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
-from sluice.placement.cluster import ClusterScheduler
+from sluice.placement.asks import Dispatched, Queued, Refused
 
 from sluice.sim.cost_model import StepShape
 from sluice.sim.replica import SimReplica
 from sluice.sim.results import ReplicaSample, RequestRecord, SimResults
-from sluice.sim.simulator import ROUTER, FleetSpec, _engine_request
+from sluice.sim.simulator import ROUTER, FleetSpec, SimPool, engine_request_for
 from sluice.sim.workload import SimRequest
 
 # Cross-node RDMA (400 Gb/s InfiniBand or RoCE per node, roughly): what
@@ -106,27 +104,6 @@ class TransferRecord:
         return self.started_s + self.transfer_s
 
 
-class _Pool:
-    """One pool: its cluster scheduler and replicas."""
-
-    def __init__(self, index: int, name: str, fleet: FleetSpec, step_time_s: Callable[[StepShape], float]) -> None:
-        self.index = index
-        self.fleet = fleet
-        self.cluster = ClusterScheduler(fleet.policy.placement)
-        self.replicas = [
-            SimReplica(i, f"{name}-{i}", fleet.model_version, fleet.kv_blocks_per_replica,
-                       fleet.block_size_tokens, fleet.policy.engine, step_time_s)
-            for i in range(fleet.num_replicas)
-        ]
-        self.by_id = {replica.replica_id: replica for replica in self.replicas}
-        self.sweep_pending = False
-
-    def needs_sweep(self) -> bool:
-        if any(len(queue) for queue in self.cluster.queues().values()):
-            return True
-        return self.cluster.overload_stage(self.fleet.model_version) > OverloadStage.NORMAL
-
-
 # Events: (at_s, seq, kind, pool, replica index); seq breaks ties in push order.
 STEP_DONE, REPORT, SWEEP, TRANSFER_DONE = 0, 1, 2, 3
 PREFILL, DECODE = 0, 1
@@ -138,8 +115,8 @@ class DisaggregatedSimulation:
     def __init__(self, spec: DisaggregatedSpec, step_time_s: Callable[[StepShape], float],
                  requests: list[SimRequest]) -> None:
         self.spec = spec
-        self.pools = (_Pool(PREFILL, "prefill", spec.prefill, step_time_s),
-                      _Pool(DECODE, "decode", spec.decode, step_time_s))
+        self.pools = (SimPool(PREFILL, "prefill", spec.prefill, step_time_s),
+                      SimPool(DECODE, "decode", spec.decode, step_time_s))
         self._requests = sorted(requests, key=lambda r: r.arrival_s)
         self._records: dict[str, RequestRecord] = {}
         self.transfers: dict[str, TransferRecord] = {}
@@ -173,7 +150,7 @@ class DisaggregatedSimulation:
                 now_s = arrival_s
                 self._arrive(self._requests[next_arrival], now_s)
                 next_arrival += 1
-                changed: _Pool | None = self.pools[PREFILL]
+                changed: SimPool | None = self.pools[PREFILL]
             elif event is not None:
                 heapq.heappop(self._events)
                 now_s, _, kind, pool_index, index = event
@@ -209,16 +186,6 @@ class DisaggregatedSimulation:
 
     # -- the router's part -------------------------------------------------------
 
-    def _ask(self, request: SimRequest, pool: _Pool, prompt_tokens: int, requested: int, room: int) -> Ask:
-        policy = pool.fleet.policy
-        is_batch = request.service_class == "batch" and not policy.single_class
-        return Ask(
-            request_id=request.request_id, owner=ROUTER,
-            tenant="all" if policy.single_tenant else request.tenant, model_version=pool.fleet.model_version,
-            service_class=ServiceClass.BATCH if is_batch else ServiceClass.INTERACTIVE,
-            prompt_tokens=prompt_tokens, requested_output_tokens=requested, max_output_tokens=max(1, room),
-        )
-
     def _arrive(self, request: SimRequest, now_s: float) -> None:
         record = RequestRecord(request.request_id, request.tenant, request.service_class, request.arrival_s,
                                request.prompt_tokens, request.output_tokens)
@@ -229,8 +196,8 @@ class DisaggregatedSimulation:
         self._sim_requests[request.request_id] = request
         self._serials[request.request_id] = next(self._prompt_ids)
         # The prefill pool reserves for the prompt and the one token it samples.
-        answer = self.pools[PREFILL].cluster.enqueue(
-            self._ask(request, self.pools[PREFILL], request.prompt_tokens, 1, 1), now_s)
+        prefill = self.pools[PREFILL]
+        answer = prefill.cluster.enqueue(prefill.ask(request, request.prompt_tokens, 1, 1), now_s)
         if isinstance(answer, Refused):
             self._refused(record, answer)
         elif isinstance(answer, Queued):
@@ -240,23 +207,21 @@ class DisaggregatedSimulation:
         record.outcome, record.reason = "refused", refused.reason.value
         self._sim_requests.pop(record.request_id, None)
 
-    def _dispatch(self, pool: _Pool, dispatched: Dispatched, now_s: float) -> None:
+    def _dispatch(self, pool: SimPool, dispatched: Dispatched, now_s: float) -> None:
         request = self._sim_requests[dispatched.request_id]
         record = self._records[dispatched.request_id]
         replica = pool.by_id[dispatched.replica_id]
-        policy = pool.fleet.policy
-        is_batch = request.service_class == "batch" and not policy.single_class
-        fairness_key = "all" if policy.single_tenant else request.tenant
+        is_batch, fairness_key = pool.is_batch(request), pool.tenant(request)
         serial = self._serials[request.request_id]
         if pool.index == PREFILL:
             record.dispatched_s, record.replica = now_s, dispatched.replica_id
-            engine_request = _engine_request(request, 1, serial, is_batch, fairness_key)
+            engine_request = engine_request_for(request, 1, serial, is_batch, fairness_key)
         else:
             self.transfers[request.request_id].decode_dispatched_s = now_s
             record.replica = f"{record.replica}>{dispatched.replica_id}"
             remaining = request.output_tokens - 1
             cap = dispatched.output_cap_tokens
-            engine_request = _engine_request(request, 0, serial, is_batch, fairness_key)
+            engine_request = engine_request_for(request, 0, serial, is_batch, fairness_key)
             stop = replace(engine_request.stop, max_output_tokens=min(remaining, cap) if cap else remaining)
             engine_request = replace(engine_request, stop=stop, external_prefix_tokens=request.prompt_tokens - 1)
         replica.add(engine_request, now_s)
@@ -279,19 +244,19 @@ class DisaggregatedSimulation:
         decode = self.pools[DECODE]
         requested = max(1, request.requested_max_tokens - 1)
         room = decode.fleet.max_context_tokens - request.prompt_tokens - 1
-        answer = decode.cluster.enqueue(self._ask(request, decode, request.prompt_tokens, requested, room), now_s)
+        answer = decode.cluster.enqueue(decode.ask(request, request.prompt_tokens, requested, room), now_s)
         if isinstance(answer, Refused):
             self._refused(record, answer)
             self._in_flight -= 1
 
     # -- the replicas' engine loops ----------------------------------------------
 
-    def _start_step(self, pool: _Pool, replica: SimReplica, now_s: float) -> None:
+    def _start_step(self, pool: SimPool, replica: SimReplica, now_s: float) -> None:
         duration_s = replica.start_step(now_s)
         if duration_s is not None:
             self._push(now_s + duration_s, STEP_DONE, pool.index, replica.index)
 
-    def _step_done(self, pool: _Pool, replica: SimReplica, now_s: float) -> bool:
+    def _step_done(self, pool: SimPool, replica: SimReplica, now_s: float) -> bool:
         """True if the step told its pool's scheduler something."""
         told = False
         for output in replica.finish_step():
@@ -322,27 +287,19 @@ class DisaggregatedSimulation:
         self._start_step(pool, replica, now_s)
         return told
 
-    def _report(self, pool: _Pool, index: int, now_s: float) -> None:
-        replica = pool.replicas[index]
-        reported = None
-        if pool.fleet.policy.reported_kv_factor != 1.0:
-            reported = int(replica.core.blocks.num_blocks * pool.fleet.policy.reported_kv_factor)
-        pool.cluster.observe_replica(replica.view(now_s, reported))
-        self._samples.append(ReplicaSample(
-            now_s, replica.replica_id, replica.kv_occupancy, replica.core.num_running, replica.core.num_waiting))
+    def _report(self, pool: SimPool, index: int, now_s: float) -> None:
+        self._samples.append(pool.report(index, now_s))
 
     # -- the scheduler services' loops -------------------------------------------
 
-    def _schedule(self, pool: _Pool, now_s: float) -> None:
+    def _schedule(self, pool: SimPool, now_s: float) -> None:
         for decision in pool.cluster.schedule(now_s):
             if isinstance(decision, Dispatched):
                 self._dispatch(pool, decision, now_s)
             else:  # refused from the queue (its deadline passed)
                 self._refused(self._records[decision.request_id], decision)
                 self._in_flight -= 1
-        for _, change in pool.cluster.stage_changes:
-            self._stage_changes.append((now_s, STAGE_NAMES[change.previous], STAGE_NAMES[change.current]))
-        pool.cluster.stage_changes.clear()
+        self._stage_changes.extend(pool.take_stage_changes(now_s))
         if not pool.sweep_pending and pool.needs_sweep():
             pool.sweep_pending = True
             self._push(now_s + pool.fleet.schedule_interval_s, SWEEP, pool.index)

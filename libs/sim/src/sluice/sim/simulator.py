@@ -60,6 +60,61 @@ class FleetSpec:
             raise ValueError("a fleet needs at least one replica with at least one KV block")
 
 
+class SimPool:
+    """One model-version pool as the services around the policies see it:
+    its cluster scheduler, its replicas, and how the fleet's policy names a
+    request to them (its class and tenant for scheduling). The co-located
+    simulation has one; the disaggregated one a prefill and a decode pool."""
+
+    def __init__(self, index: int, name: str, fleet: FleetSpec, step_time_s: Callable[[StepShape], float]) -> None:
+        self.index = index
+        self.fleet = fleet
+        self.cluster = ClusterScheduler(fleet.policy.placement)
+        self.replicas = [
+            SimReplica(i, f"{name}-{i}", fleet.model_version, fleet.kv_blocks_per_replica,
+                       fleet.block_size_tokens, fleet.policy.engine, step_time_s)
+            for i in range(fleet.num_replicas)
+        ]
+        self.by_id = {replica.replica_id: replica for replica in self.replicas}
+        self.sweep_pending = False  # a SWEEP event for this pool is on the heap
+
+    def is_batch(self, request: SimRequest) -> bool:
+        return request.service_class == "batch" and not self.fleet.policy.single_class
+
+    def tenant(self, request: SimRequest) -> str:
+        """The tenant the scheduler and the engine's prefill rotation see."""
+        return "all" if self.fleet.policy.single_tenant else request.tenant
+
+    def ask(self, request: SimRequest, prompt_tokens: int, requested_tokens: int, room_tokens: int) -> Ask:
+        """The router's Enqueue for the request."""
+        return Ask(
+            request_id=request.request_id, owner=ROUTER, tenant=self.tenant(request),
+            model_version=self.fleet.model_version,
+            service_class=ServiceClass.BATCH if self.is_batch(request) else ServiceClass.INTERACTIVE,
+            prompt_tokens=prompt_tokens, requested_output_tokens=requested_tokens,
+            max_output_tokens=max(1, room_tokens),
+        )
+
+    def report(self, index: int, now_s: float) -> ReplicaSample:
+        """Replica `index`'s state report to the scheduler, and the sample of it kept."""
+        replica = self.replicas[index]
+        factor = self.fleet.policy.reported_kv_factor
+        reported = None if factor == 1.0 else int(replica.core.blocks.num_blocks * factor)
+        self.cluster.observe_replica(replica.view(now_s, reported))
+        return ReplicaSample(
+            now_s, replica.replica_id, replica.kv_occupancy, replica.core.num_running, replica.core.num_waiting)
+
+    def needs_sweep(self) -> bool:
+        if any(len(queue) for queue in self.cluster.queues().values()):
+            return True
+        return self.cluster.overload_stage(self.fleet.model_version) > OverloadStage.NORMAL
+
+    def take_stage_changes(self, now_s: float) -> list[tuple[float, str, str]]:
+        changes = [(now_s, STAGE_NAMES[c.previous], STAGE_NAMES[c.current]) for _, c in self.cluster.stage_changes]
+        self.cluster.stage_changes.clear()
+        return changes
+
+
 # Events on the heap are plain tuples (at_s, seq, kind, replica index):
 # compared in C, and seq breaks ties in the order they were pushed.
 STEP_DONE, REPORT, SWEEP = 0, 1, 2
@@ -73,13 +128,9 @@ class Simulation:
         progress: Callable[[float, int], None] | None = None,
     ) -> None:
         self.fleet = fleet
-        self.cluster = ClusterScheduler(fleet.policy.placement)
-        self.replicas = [
-            SimReplica(i, f"replica-{i}", fleet.model_version, fleet.kv_blocks_per_replica,
-                       fleet.block_size_tokens, fleet.policy.engine, step_time_s)
-            for i in range(fleet.num_replicas)
-        ]
-        self._by_id = {replica.replica_id: replica for replica in self.replicas}
+        self.pool = SimPool(0, "replica", fleet, step_time_s)
+        self.cluster = self.pool.cluster
+        self.replicas = self.pool.replicas
         self._requests = sorted(requests, key=lambda r: r.arrival_s)
         self._records: dict[str, RequestRecord] = {}
         self._sim_requests: dict[str, SimRequest] = {}
@@ -87,7 +138,6 @@ class Simulation:
         self._samples: list[ReplicaSample] = []
         self._events: list[tuple[float, int, int, int]] = []
         self._seq = itertools.count()
-        self._sweep_pending = False
         self._in_flight = 0
         self._progress = progress
         self._stage_changes: list[tuple[float, str, str]] = []
@@ -124,7 +174,7 @@ class Simulation:
                     self._push(now_s + self.fleet.state_interval_s, REPORT, index)
                     changed = True
                 else:
-                    self._sweep_pending = False
+                    self.pool.sweep_pending = False
                     changed = True
             else:
                 break  # nothing left that can make progress
@@ -158,16 +208,8 @@ class Simulation:
             record.outcome, record.reason = "refused", Reason.CONTEXT_LENGTH_EXCEEDED.value
             return
         self._sim_requests[request.request_id] = request
-        policy = self.fleet.policy
-        is_batch = request.service_class == "batch" and not policy.single_class
-        ask = Ask(
-            request_id=request.request_id, owner=ROUTER,
-            tenant="all" if policy.single_tenant else request.tenant,
-            model_version=self.fleet.model_version,
-            service_class=ServiceClass.BATCH if is_batch else ServiceClass.INTERACTIVE,
-            prompt_tokens=request.prompt_tokens, requested_output_tokens=request.requested_max_tokens,
-            max_output_tokens=max(1, self.fleet.max_context_tokens - request.prompt_tokens),
-        )
+        ask = self.pool.ask(request, request.prompt_tokens, request.requested_max_tokens,
+                            self.fleet.max_context_tokens - request.prompt_tokens)
         answer = self.cluster.enqueue(ask, now_s)
         if isinstance(answer, Refused):
             self._refused(record, answer)
@@ -182,12 +224,10 @@ class Simulation:
         request = self._sim_requests[dispatched.request_id]
         record = self._records[dispatched.request_id]
         record.dispatched_s, record.replica = now_s, dispatched.replica_id
-        replica = self._by_id[dispatched.replica_id]
-        policy = self.fleet.policy
-        is_batch = request.service_class == "batch" and not policy.single_class
-        fairness_key = "all" if policy.single_tenant else request.tenant
-        engine_request = _engine_request(
-            request, dispatched.output_cap_tokens, next(self._prompt_ids), is_batch, fairness_key)
+        replica = self.pool.by_id[dispatched.replica_id]
+        engine_request = engine_request_for(
+            request, dispatched.output_cap_tokens, next(self._prompt_ids), self.pool.is_batch(request),
+            self.pool.tenant(request))
         replica.add(engine_request, now_s)
         if replica.idle:
             self._start_step(replica, now_s)
@@ -225,13 +265,7 @@ class Simulation:
         return told
 
     def _report(self, index: int, now_s: float) -> None:
-        replica = self.replicas[index]
-        reported = None
-        if self.fleet.policy.reported_kv_factor != 1.0:
-            reported = int(replica.core.blocks.num_blocks * self.fleet.policy.reported_kv_factor)
-        self.cluster.observe_replica(replica.view(now_s, reported))
-        self._samples.append(ReplicaSample(
-            now_s, replica.replica_id, replica.kv_occupancy, replica.core.num_running, replica.core.num_waiting))
+        self._samples.append(self.pool.report(index, now_s))
 
     # -- the scheduler service's loop --------------------------------------------
 
@@ -242,20 +276,13 @@ class Simulation:
             else:  # refused from the queue (its deadline passed)
                 self._refused(self._records[decision.request_id], decision)
                 self._in_flight -= 1
-        for version, change in self.cluster.stage_changes:
-            self._stage_changes.append((now_s, STAGE_NAMES[change.previous], STAGE_NAMES[change.current]))
-        self.cluster.stage_changes.clear()
-        if not self._sweep_pending and self._needs_sweep():
-            self._sweep_pending = True
+        self._stage_changes.extend(self.pool.take_stage_changes(now_s))
+        if not self.pool.sweep_pending and self.pool.needs_sweep():
+            self.pool.sweep_pending = True
             self._push(now_s + self.fleet.schedule_interval_s, SWEEP)
 
-    def _needs_sweep(self) -> bool:
-        if any(len(queue) for queue in self.cluster.queues().values()):
-            return True
-        return self.cluster.overload_stage(self.fleet.model_version) > OverloadStage.NORMAL
 
-
-def _engine_request(
+def engine_request_for(
     request: SimRequest, output_cap_tokens: int, serial: int, is_batch: bool, fairness_key: str
 ) -> EngineRequest:
     """The router's TokenRequest as the replica turns it into an engine
