@@ -23,16 +23,14 @@ Exits 0 whatever the verdict.
 import argparse
 import json
 import time
-from dataclasses import replace
 
-from sluice.placement.config import ClassPolicy, PlacementConfig
 from sluice.sim.cost_model import CostModel
 from sluice.sim.disagg_cli import compare, interactive_goodput_rps, print_side_by_side
 from sluice.sim.disaggregated import DisaggregatedSimulation, DisaggregatedSpec, KvLink
 from sluice.sim.hardware import HARDWARE
 from sluice.sim.model_spec import MODELS
-from sluice.sim.policies import build_policy, gpu_engine_config
-from sluice.sim.results import Slo, summarize
+from sluice.sim.policies import build_policy, gpu_engine_config, slo_placement
+from sluice.sim.results import class_slos, summarize
 from sluice.sim.simulator import FleetSpec, Simulation
 from sluice.sim.workload import seed_mix
 
@@ -48,11 +46,8 @@ def main() -> int:
     model, hardware = MODELS["llama-3-70b"], HARDWARE["h200"]
     cost = CostModel(hardware, model, tp=TP)
     kv_blocks = cost.kv_capacity_blocks(16)
-    placement = PlacementConfig(
-        interactive=ClassPolicy(ttft_slo_s=2.0, max_queue_wait_s=20.0, max_queue_length=1024),
-        batch=replace(PlacementConfig().batch, ttft_slo_s=600.0))
-    policy = build_policy("sluice", gpu_engine_config(model), placement)
-    slos = {"interactive": Slo(2.0, 0.1), "batch": Slo(600.0, 1e9)}
+    policy = build_policy("sluice", gpu_engine_config(model), slo_placement(2.0, 600.0))
+    slos = class_slos(2.0, 0.1, 600.0)
     fleet_price = hardware.price_per_hour * TP * TOTAL_REPLICAS
     bandwidth = hardware.link_bandwidth_bytes_per_s if args.transfer_gbps is None else args.transfer_gbps * 1e9
     link = KvLink(model.kv_bytes_per_token("bf16"), bandwidth)

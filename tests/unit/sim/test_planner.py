@@ -11,9 +11,10 @@ from sluice.sim import plan_cli
 from sluice.sim.model_spec import MODELS
 from sluice.sim.planner import (
     DOES_NOT_FIT, MET, NOT_MET, SATURATED, Fleet, FleetCost, Probe, Scenario, SearchSpace, SloTargets, measure,
-    parse_prices, plan, search_shape, workload_requests,
+    parse_prices, plan, search_shape,
 )
 from sluice.sim.results import RequestRecord, SimResults
+from sluice.sim.trace import workload_requests
 
 TARGETS = SloTargets(ttft_s=2.0, tpot_s=0.1, attainment=0.99, batch_attainment=0.95)
 PRICES = {"h100": 2.5, "h200": 3.5}

@@ -9,7 +9,8 @@ import pytest
 
 from sluice.sim import plan_cli, plots
 from sluice.sim.model_spec import MODELS
-from sluice.sim.planner import Fleet, Scenario, workload_requests
+from sluice.sim.planner import Fleet, Scenario
+from sluice.sim.trace import workload_requests
 from sluice.sim.results import ReplicaSample, RequestRecord, SimResults
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

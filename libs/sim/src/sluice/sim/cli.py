@@ -30,20 +30,16 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
-from sluice.placement.config import ClassPolicy, PlacementConfig
-
+from sluice.sim.calibrate import load_calibration
 from sluice.sim.cost_model import CostModel
 from sluice.sim.hardware import HARDWARE, hardware_by_name
 from sluice.sim.model_spec import MODELS, model_by_name_or_path
-from sluice.sim.calibrate import load_calibration
-from sluice.sim.policies import POLICIES, build_policy, cpu_engine_config, gpu_engine_config
-from sluice.sim.results import Slo, summarize
+from sluice.sim.policies import POLICIES, build_policy, cpu_engine_config, gpu_engine_config, slo_placement
+from sluice.sim.results import class_slos, summarize
 from sluice.sim.simulator import FleetSpec, Simulation
-from sluice.sim.trace import read_trace, trace_workload
-from sluice.sim.workload import seed_mix
+from sluice.sim.trace import workload_requests
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,12 +106,9 @@ def run(args: argparse.Namespace) -> dict:
     requests = _requests(args)
     if not requests:
         raise ValueError("the workload has no requests in that duration")
-    interactive = ClassPolicy(ttft_slo_s=args.ttft_slo_s, max_queue_wait_s=10.0 * args.ttft_slo_s,
-                              max_queue_length=1024)
-    batch = replace(PlacementConfig().batch, ttft_slo_s=args.batch_ttft_slo_s)
-    placement = PlacementConfig(interactive=interactive, batch=batch)
+    placement = slo_placement(args.ttft_slo_s, args.batch_ttft_slo_s)
     engine = cpu_engine_config(model) if hardware.name.startswith("cpu") else gpu_engine_config(model)
-    slos = {"interactive": Slo(args.ttft_slo_s, args.tpot_slo_s), "batch": Slo(args.batch_ttft_slo_s, 1e9)}
+    slos = class_slos(args.ttft_slo_s, args.tpot_slo_s, args.batch_ttft_slo_s)
     price = hardware.price_per_hour if args.gpu_hour_price is None else args.gpu_hour_price
     fleet_price = price * args.tp * args.replicas
     names = POLICIES if args.compare else (args.policy,)
@@ -150,12 +143,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _requests(args: argparse.Namespace):
-    if args.workload == "seed-mix":
-        return seed_mix(args.rate, args.burst_factor).generate(args.duration_s, args.seed)
-    path = Path(args.workload)
-    if not path.exists():
-        raise ValueError(f"--workload is seed-mix or a trace file; {path} does not exist")
-    return trace_workload(read_trace(path), rate_scale=args.rate, duration_s=args.duration_s, seed=args.seed)
+    return workload_requests(args.workload, args.rate, args.duration_s, args.seed, args.burst_factor)[0]
 
 
 def _progress(name: str, total: int):

@@ -22,19 +22,16 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
-from sluice.placement.config import ClassPolicy, PlacementConfig
-
-from sluice.sim.cli import _requests
 from sluice.sim.cost_model import CostModel
 from sluice.sim.disaggregated import DisaggregatedSimulation, DisaggregatedSpec, KvLink
 from sluice.sim.hardware import HARDWARE, hardware_by_name
 from sluice.sim.model_spec import MODELS, model_by_name_or_path
-from sluice.sim.policies import POLICIES, build_policy, gpu_engine_config
-from sluice.sim.results import Slo, summarize
+from sluice.sim.policies import POLICIES, build_policy, gpu_engine_config, slo_placement
+from sluice.sim.results import class_slos, summarize
 from sluice.sim.simulator import FleetSpec, Simulation
+from sluice.sim.trace import workload_requests
 
 BLOCK_SIZE_TOKENS = 16
 
@@ -84,15 +81,11 @@ def run(args: argparse.Namespace) -> dict:
     model = model_by_name_or_path(args.model)
     hardware = hardware_by_name(args.gpu)
     cost = CostModel(hardware, model, tp=args.tp, dtype=args.dtype)
-    requests = _requests(args)
+    requests, _ = workload_requests(args.workload, args.rate, args.duration_s, args.seed, args.burst_factor)
     if not requests:
         raise ValueError("the workload has no requests in that duration")
-    interactive = ClassPolicy(ttft_slo_s=args.ttft_slo_s, max_queue_wait_s=10.0 * args.ttft_slo_s,
-                              max_queue_length=1024)
-    placement = PlacementConfig(interactive=interactive,
-                                batch=replace(PlacementConfig().batch, ttft_slo_s=args.batch_ttft_slo_s))
-    policy = build_policy(args.policy, gpu_engine_config(model), placement)
-    slos = {"interactive": Slo(args.ttft_slo_s, args.tpot_slo_s), "batch": Slo(args.batch_ttft_slo_s, 1e9)}
+    policy = build_policy(args.policy, gpu_engine_config(model), slo_placement(args.ttft_slo_s, args.batch_ttft_slo_s))
+    slos = class_slos(args.ttft_slo_s, args.tpot_slo_s, args.batch_ttft_slo_s)
     kv_blocks = cost.kv_capacity_blocks(BLOCK_SIZE_TOKENS)
     total = args.prefill_replicas + args.decode_replicas
     price = hardware.price_per_hour if args.gpu_hour_price is None else args.gpu_hour_price

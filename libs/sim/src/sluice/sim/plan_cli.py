@@ -34,10 +34,11 @@ from sluice.sim.hardware import HARDWARE
 from sluice.sim.model_spec import MODELS, model_by_name_or_path
 from sluice.sim.planner import (
     MET, Attempt, Fleet, FleetCost, Plan, Probe, Scenario, SearchSpace, ShapeOutcome, SloTargets, measure, meets,
-    parse_prices, plan, workload_requests,
+    parse_prices, plan,
 )
 from sluice.sim.policies import POLICIES
 from sluice.sim.results import SimResults, summarize
+from sluice.sim.trace import workload_requests
 
 
 def _csv(cast):

@@ -56,19 +56,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from sluice.outcomes import Reason
-from sluice.placement.config import ClassPolicy, PlacementConfig
+from sluice.placement.config import PlacementConfig
 
 from sluice.sim.cost_model import CostModel
 from sluice.sim.hardware import hardware_by_name
 from sluice.sim.model_spec import ModelSpec
-from sluice.sim.policies import build_policy, gpu_engine_config
-from sluice.sim.results import RequestRecord, SimResults, Slo
+from sluice.sim.policies import build_policy, gpu_engine_config, slo_placement
+from sluice.sim.results import RequestRecord, SimResults, Slo, class_slos
 from sluice.sim.simulator import FleetSpec, Simulation
-from sluice.sim.trace import read_trace, trace_workload
-from sluice.sim.workload import SimRequest, seed_mix
+from sluice.sim.workload import SimRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,20 +338,6 @@ def _shares(probe: Probe) -> str:
 # -- the real simulation of one candidate -----------------------------------------
 
 
-def workload_requests(workload: str, rate: float, duration_s: float, seed: int,
-                      burst_factor: float = 1.0) -> tuple[list[SimRequest], float]:
-    """The requests `sluice sim` would replay, and the span they arrive over:
-    `seed-mix` at `rate` per second, or a trace CSV sped up by `rate`."""
-    if workload == "seed-mix":
-        return seed_mix(rate, burst_factor).generate(duration_s, seed), duration_s
-    path = Path(workload)
-    if not path.exists():
-        raise ValueError(f"the workload is seed-mix or a trace file; {path} does not exist")
-    requests = trace_workload(read_trace(path), rate_scale=rate, duration_s=duration_s, seed=seed)
-    # A trace shorter than the duration arrives over its own span.
-    return requests, min(duration_s, requests[-1].arrival_s) if requests else duration_s
-
-
 @dataclass(frozen=True, slots=True)
 class Scenario:
     """What every candidate is simulated against, built as `sluice sim`
@@ -390,15 +374,11 @@ class Scenario:
         return None
 
     def placement(self) -> PlacementConfig:
-        ttft_s = self.targets.ttft_s
-        interactive = ClassPolicy(ttft_slo_s=ttft_s, max_queue_wait_s=10.0 * ttft_s, max_queue_length=1024)
-        batch = replace(PlacementConfig().batch, ttft_slo_s=self.targets.batch_ttft_s)
-        return PlacementConfig(interactive=interactive, batch=batch)
+        return slo_placement(self.targets.ttft_s, self.targets.batch_ttft_s)
 
     def summary_slos(self) -> dict[str, Slo]:
         """The flat targets `sluice sim`'s summary judges goodput by."""
-        return {"interactive": Slo(self.targets.ttft_s, self.targets.tpot_s),
-                "batch": Slo(self.targets.batch_ttft_s, 1e9)}
+        return class_slos(self.targets.ttft_s, self.targets.tpot_s, self.targets.batch_ttft_s)
 
     def simulate(self, fleet: Fleet, policy: str = "sluice",
                  progress: Callable[[float, int], None] | None = None) -> SimResults:

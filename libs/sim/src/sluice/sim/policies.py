@@ -72,6 +72,13 @@ def cpu_engine_config(model: ModelSpec, max_num_seqs: int = 128) -> SchedulerCon
         gpu_engine_config(model, max_num_seqs), long_prefill_chunk_tokens=128, batch_prefill_tokens_beside_interactive=64)
 
 
+def slo_placement(ttft_slo_s: float, batch_ttft_slo_s: float) -> PlacementConfig:
+    """The deployed placement with interactive admission at `ttft_slo_s`
+    (a queued request leaving after ten times that) and batch at its own."""
+    interactive = ClassPolicy(ttft_slo_s=ttft_slo_s, max_queue_wait_s=10.0 * ttft_slo_s, max_queue_length=1024)
+    return PlacementConfig(interactive=interactive, batch=replace(PlacementConfig().batch, ttft_slo_s=batch_ttft_slo_s))
+
+
 def build_policy(name: str, engine: SchedulerConfig, placement: PlacementConfig) -> Policy:
     """`engine` and `placement` are Sluice's; the baselines are derived from them."""
     if name == "sluice":

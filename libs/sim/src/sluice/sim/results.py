@@ -90,6 +90,11 @@ class Slo:
         )
 
 
+def class_slos(ttft_s: float, tpot_s: float, batch_ttft_s: float) -> dict[str, Slo]:
+    """Goodput targets by class: batch is judged by its TTFT alone."""
+    return {"interactive": Slo(ttft_s, tpot_s), "batch": Slo(batch_ttft_s, 1e9)}
+
+
 def percentiles(values, points=(50, 90, 99)) -> dict[str, float | None]:
     ordered = sorted(values)
     if not ordered:

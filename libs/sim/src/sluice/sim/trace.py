@@ -27,8 +27,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
-from sluice.sim.workload import DEFAULT_TENANTS, SERVICE_CLASSES, SimRequest, request_id
+from sluice.sim.workload import DEFAULT_TENANTS, SERVICE_CLASSES, SimRequest, request_id, seed_mix
 
 TIMESTAMP_COLUMN = "TIMESTAMP"
 PROMPT_COLUMN = "ContextTokens"
@@ -212,3 +213,17 @@ def trace_workload(rows: Sequence[TraceRow], *, rate_scale: float = 1.0, duratio
             prompt_tokens=max(row.prompt_tokens, 1), output_tokens=max(row.output_tokens, 1),
         ))
     return requests
+
+
+def workload_requests(workload: str, rate: float, duration_s: float, seed: int,
+                      burst_factor: float = 1.0) -> tuple[list[SimRequest], float]:
+    """The requests `sluice sim` would replay, and the span they arrive over:
+    `seed-mix` at `rate` per second, or a trace CSV sped up by `rate`."""
+    if workload == "seed-mix":
+        return seed_mix(rate, burst_factor).generate(duration_s, seed), duration_s
+    path = Path(workload)
+    if not path.exists():
+        raise ValueError(f"the workload is seed-mix or a trace file; {path} does not exist")
+    requests = trace_workload(read_trace(path), rate_scale=rate, duration_s=duration_s, seed=seed)
+    # A trace shorter than the duration arrives over its own span.
+    return requests, min(duration_s, requests[-1].arrival_s) if requests else duration_s
