@@ -204,23 +204,28 @@ class ClusterScheduler:
             choice = choose_lever(ask, stage, levers, OverloadStage.REJECTING)
         if choice.lever is Lever.PAUSE_BATCH:
             resume_s = self._overload[version].resume_in_s(OverloadStage.BATCH_PAUSED, now_s)
-            retry_s = self._capacity_retry_after_s(
-                version, ask.service_class, 1, 0.0, self.config.batch.ttft_slo_s, now_s, at_least_s=resume_s)
             return self._refuse(
                 ask, Reason.BATCH_PAUSED,
                 f'{version} is overloaded: batch-class calls (service_tier "flex") are paused, expected to '
-                f"resume in about {resume_s:.0f}s. Interactive calls are still served.", retry_s,
+                f"resume in about {resume_s:.0f}s. Interactive calls are still served.",
+                self._stage_retry_after_s(ask, resume_s, now_s),
             )
         if choice.lever is Lever.REFUSE_LONG_PROMPT:
             resume_s = self._overload[version].resume_in_s(OverloadStage.OUTPUT_CAPPED, now_s)
-            retry_s = self._capacity_retry_after_s(
-                version, ask.service_class, 1, 0.0, self.config.interactive.ttft_slo_s, now_s, at_least_s=resume_s)
             return self._refuse(
                 ask, Reason.OVER_CAPACITY,
                 f"{version} is overloaded: prompts of {levers.degraded_prompt_tokens} tokens or more are not "
-                f"taken from this key until it recovers (this one is {ask.prompt_tokens}).", retry_s,
+                f"taken from this key until it recovers (this one is {ask.prompt_tokens}).",
+                self._stage_retry_after_s(ask, resume_s, now_s),
             )
         return choice.ask, choice.output_cap_tokens
+
+    def _stage_retry_after_s(self, ask: Ask, resume_s: float, now_s: float) -> float:
+        """A lever's refusal: come back once the stage is expected to have
+        lifted, in a slot of its own (refusals in a row are spread)."""
+        slo_s = self.config.class_policy(ask.service_class is ServiceClass.BATCH).ttft_slo_s
+        return self._capacity_retry_after_s(
+            ask.model_version, ask.service_class, 1, 0.0, slo_s, now_s, at_least_s=resume_s)
 
     def started(self, request_id: str, now_s: float) -> None:
         reservation = self.ledger.mark_started(request_id, now_s)
