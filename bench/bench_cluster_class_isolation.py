@@ -64,10 +64,10 @@ async def interactive(c, key: str, prompts: PromptPool, duration_s: float) -> li
 async def batch(c, key: str, prompts: PromptPool, duration_s: float) -> tuple[list[RequestRecord], float, float]:
     """The flood for `duration_s`; returns its records and its window."""
     records: list[RequestRecord] = []
-    async with c.client() as client:
+    async with c.worker_clients(BATCH_CONCURRENCY) as clients:
         start = time.monotonic()
         await closed_loop(BATCH_CONCURRENCY, duration_s, lambda i: stream_chat(
-            client, key, TENANT, prompts.next(), max_tokens=BATCH_MAX_TOKENS,
+            clients[i], key, TENANT, prompts.next(), max_tokens=BATCH_MAX_TOKENS,
             service_tier="flex", sink=records), pause_after_refusal_s=0.2, honour_retry_after=True)
     return records, start, start + duration_s
 

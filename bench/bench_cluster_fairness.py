@@ -48,6 +48,11 @@ ENV = {
     "SLUICE_VTC_INPUT_WEIGHT": "1",
     "SLUICE_VTC_OUTPUT_WEIGHT": "2",
     "SLUICE_TENANT_MAX_KV_SHARE": "0.5",
+    # VTC's bound is for tenants that stay backlogged: the queues must hold
+    # both backlogs (~3 s deep here, past the default 2 s SLO, which would
+    # refuse them over_capacity and leave each tenant out of the queue
+    # while it waits its Retry-After).
+    "SLUICE_INTERACTIVE_TTFT_SLO_S": "30",
 }
 INPUT_WEIGHT, OUTPUT_WEIGHT = 1, 2
 OUTSTANDING = 32
@@ -59,9 +64,9 @@ BOUND = "sluice_fairness_bound_tokens"
 async def backlog(c, key: str, tenant: str, prompts: PromptPool, duration_s: float,
                   records: list[RequestRecord]) -> None:
     max_tokens = SIZES[tenant][1]
-    async with c.client() as client:
+    async with c.worker_clients(OUTSTANDING) as clients:
         await closed_loop(OUTSTANDING, duration_s, lambda i: stream_chat(
-            client, key, tenant, prompts.next(), max_tokens=max_tokens, sink=records),
+            clients[i], key, tenant, prompts.next(), max_tokens=max_tokens, sink=records),
             pause_after_refusal_s=0.2, honour_retry_after=True)
 
 

@@ -67,11 +67,11 @@ async def chats(c, key: str, prompts: PromptPool, duration_s: float,
         if index not in first:  # stagger the initial 32 over the first second
             first.add(index)
             await asyncio.sleep(index / CHATS)
-        return await stream_chat(client, key, TENANT, prompts.next(),
+        return await stream_chat(clients[index], key, TENANT, prompts.next(),
                                  max_tokens=lengths.randint(*max_tokens), sink=records)
 
     start = time.monotonic()
-    async with c.client() as client:
+    async with c.worker_clients(CHATS) as clients:
         await closed_loop(CHATS, duration_s, send, pause_after_refusal_s=0.2)
     return records, start
 

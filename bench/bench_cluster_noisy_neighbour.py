@@ -66,9 +66,9 @@ async def quiet_tenant(cluster_, key: str, prompts: PromptPool, duration_s: floa
 async def flood(cluster_, key: str, prompts: PromptPool, duration_s: float, pause_s: float,
                 honour_retry_after: bool) -> list[RequestRecord]:
     records: list[RequestRecord] = []
-    async with cluster_.client() as client:
+    async with cluster_.worker_clients(A_CONCURRENCY) as clients:
         await closed_loop(A_CONCURRENCY, duration_s, lambda i: stream_chat(
-            client, key, TENANT_A, prompts.next(), max_tokens=A_MAX_TOKENS, sink=records),
+            clients[i], key, TENANT_A, prompts.next(), max_tokens=A_MAX_TOKENS, sink=records),
             pause_after_refusal_s=pause_s, honour_retry_after=honour_retry_after)
     return records
 

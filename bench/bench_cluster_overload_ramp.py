@@ -172,10 +172,10 @@ async def measure_capacity(c: Cluster, keys: dict[str, str], prompts: PromptPool
     client per seat, each seat idles for a client round trip between two
     requests, which an overloaded pool, with its queue, never does."""
     records: list[RequestRecord] = []
-    async with c.client() as client:
+    async with c.worker_clients(2 * SEATS) as clients:
         start = time.monotonic()
         await closed_loop(2 * SEATS, window_s + 1.0, lambda i: stream_chat(
-            client, keys[TENANTS[i % len(TENANTS)]], TENANTS[i % len(TENANTS)], prompts.next(),
+            clients[i], keys[TENANTS[i % len(TENANTS)]], TENANTS[i % len(TENANTS)], prompts.next(),
             max_tokens=MAX_TOKENS, sink=records))
     done = [r for r in records if r.finished and r.token_times_s and r.token_times_s[-1] >= start + 1.0]
     return len(done) / window_s, median([r.token_times_s[-1] - r.answered_s for r in done])

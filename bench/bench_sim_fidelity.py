@@ -436,11 +436,11 @@ async def measured_capacity(c, keys: dict[str, str], pool: list[Planned], texts:
     counter = itertools.count()
     records: list[RequestRecord] = []
 
-    async with c.client() as client:
-        async def send(_worker: int) -> RequestRecord:
+    async with c.worker_clients(CAPACITY_STREAMS) as clients:
+        async def send(worker: int) -> RequestRecord:
             i = next(counter) % len(pool)
             plan = pool[i]
-            return await stream_chat(client, keys[plan.tenant], plan.tenant, texts[i], max_tokens=plan.output_tokens,
+            return await stream_chat(clients[worker], keys[plan.tenant], plan.tenant, texts[i], max_tokens=plan.output_tokens,
                                      sink=records)
 
         started_s = time.monotonic()

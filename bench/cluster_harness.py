@@ -10,7 +10,9 @@ buckets (no Redis), on ephemeral loopback ports. The client streams SSE with
 httpx and asks for `continuous_usage_stats`, so every engine step that
 produced a token arrives as one chunk carrying the cumulative output count:
 time to first token, inter-token gaps and tokens in a window are per token
-step, not per detokenized word. A refusal is recorded with its status,
+step, not per detokenized word. Closed-loop workers each get a client of
+their own (`worker_clients`): one shared pool costs the load client more
+CPU than the stack it measures. A refusal is recorded with its status,
 Retry-After, retry-after-ms and x-sluice-reject-reason, and how long it took.
 
 Timings are time.monotonic() seconds; cluster_stats has the /metrics
@@ -24,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -92,6 +95,22 @@ class Cluster:
         async with httpx.AsyncClient(base_url=self.stack.gateway_url, limits=limits,
                                      timeout=httpx.Timeout(120.0, connect=10.0)) as client:
             yield client
+
+    @contextlib.asynccontextmanager
+    async def worker_clients(self, count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
+        """One client per closed-loop worker, each with one connection.
+        Workers sharing one pool pay for it: httpcore checks every pooled
+        connection (a poll syscall each) on every request and every close,
+        and with 64 workers the load client spent ~60% of a core there,
+        lagging the measured tenant's timings on the same event loop."""
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        # Plain HTTP, but each client would load the CA bundle into an SSL
+        # context of its own (~5 ms each, on the event loop): share one.
+        tls = ssl.create_default_context()
+        async with contextlib.AsyncExitStack() as stack:
+            yield [await stack.enter_async_context(httpx.AsyncClient(
+                base_url=self.stack.gateway_url, limits=limits, verify=tls,
+                timeout=httpx.Timeout(120.0, connect=10.0))) for _ in range(count)]
 
     def metrics_url(self, service: str = "scheduler", index: int = 0) -> str:
         return self.stack.metrics_url(service, index)

@@ -28,6 +28,32 @@ def test_a_returning_tenant_is_lifted_to_the_smallest_backlogged_counter():
     assert counters.counters["alone"] == 0.0
 
 
+def test_a_newcomer_is_lifted_to_a_tenant_with_work_in_flight_and_nothing_queued():
+    """Every request of the busy tenant was dispatched (its queue is empty):
+    it is still active, so the newcomer starts at its counter instead of 0
+    and does not take every dispatch until it has caught up."""
+    counters = VirtualTokenCounters()
+    for _ in range(3):
+        counters.charge_dispatch("busy", prompt_tokens=500, output_tokens=100)
+    counters.lift("new", [])
+    assert counters.counters["new"] == counters.counters["busy"] == 2100.0
+    for _ in range(3):
+        counters.settle_release("busy", charged_output_tokens=100, served_output_tokens=100)
+    assert counters.in_flight == {}
+    counters.lift("later", [])
+    assert counters.counters.get("later", 0.0) == 0.0  # nobody active: nothing to lift to
+
+
+def test_an_abandoned_dispatch_keeps_its_charge_and_leaves_the_active_set():
+    counters = VirtualTokenCounters()
+    counters.charge_dispatch("t", 100, 50)
+    counters.charge_dispatch("t", 100, 50)
+    counters.abandon("t")
+    assert counters.in_flight == {"t": 1} and counters.counters["t"] == 400.0
+    counters.abandon("t")
+    assert counters.in_flight == {}
+
+
 def test_dispatch_charges_the_bound_release_settles_to_what_was_generated():
     counters = VirtualTokenCounters()
     counters.charge_dispatch("t", prompt_tokens=100, output_tokens=50)

@@ -249,7 +249,10 @@ class ClusterScheduler:
 
     def drop_owner(self, owner: str) -> int:
         """A router stream broke: everything it queued or held goes."""
-        dropped = len(self.ledger.release_owner(owner))
+        released = self.ledger.release_owner(owner)
+        for reservation in released:
+            self._queue(reservation.model_version, reservation.service_class).counters.abandon(reservation.tenant)
+        dropped = len(released)
         for queue in self._queues.values():
             for entry in queue.entries():
                 if entry.ask.owner == owner:
