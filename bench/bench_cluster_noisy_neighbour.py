@@ -5,7 +5,9 @@ One stack (one replica). Tenant A's key has a small --tokens-per-minute;
 A keeps 64 long streaming requests outstanding (~1,500-token prompts,
 max_tokens 128), sending again shortly after each refusal. Tenant B (no
 limits) sends short interactive requests at a steady rate. Baseline, in the
-same run and on the same stack: B's identical load with A silent.
+same run and on the same stack: B's identical load with A silent, the two
+in alternating rounds (the machine is shared and its load drifts; each
+round is printed, the verdict is on all rounds' requests pooled).
 
 Prints
   * B's p99 TTFT under the flood / alone          (target <= 2)
@@ -18,7 +20,7 @@ Prints
 then one PASS/FAIL line per target and a JSON line. Exits 0 whatever the
 verdict; 1 only when the stack fails.
 
-    .venv/bin/python bench/bench_cluster_noisy_neighbour.py [--quick]
+    .venv/bin/python bench/bench_cluster_noisy_neighbour.py [--quick] [--rounds N]
 """
 
 import argparse
@@ -75,16 +77,20 @@ async def flood(cluster_, key: str, prompts: PromptPool, duration_s: float, paus
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="8 s phases instead of 20 s")
+    parser.add_argument("--quick", action="store_true", help="one round of 8 s phases")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of alone and flood (default 3)")
     parser.add_argument("--refusal-pause-s", type=float, default=0.5,
                         help="how long an A worker waits after a refusal before sending again")
     parser.add_argument("--honour-retry-after", action="store_true",
                         help="A's workers wait the Retry-After they were given (as the openai SDK does) "
                              "instead of --refusal-pause-s")
     args = parser.parse_args()
-    duration_s = 8.0 if args.quick else 20.0
+    rounds, duration_s = (1, 8.0) if args.quick else (args.rounds, 10.0)
     prompts = PromptMaker(seed=1)
 
+    alone: list[RequestRecord] = []
+    beside: list[RequestRecord] = []
+    flooded: list[RequestRecord] = []
     with cluster(ENV, label="noisy") as c:
         key_a = c.create_key(TENANT_A, tokens_per_minute=A_TOKENS_PER_MINUTE, wait=False)
         key_b = c.create_key(TENANT_B)
@@ -92,16 +98,23 @@ async def main() -> int:
         await warm_up(c, prompts)
         short, long = prompts.pool(B_PROMPT_TOKENS), prompts.pool(A_PROMPT_TOKENS)
 
-        print(f"baseline: tenant B alone, {B_RATE_PER_S:g}/s for {duration_s:g} s", flush=True)
-        alone = await quiet_tenant(c, key_b, short, duration_s)
-
-        print(f"flood: tenant A x{A_CONCURRENCY} long requests (tpm {A_TOKENS_PER_MINUTE}) beside the same B load",
-              flush=True)
+        print(f"{rounds} rounds of: tenant B alone at {B_RATE_PER_S:g}/s, then the same B load beside tenant A's "
+              f"flood (x{A_CONCURRENCY} long requests, tpm {A_TOKENS_PER_MINUTE}); {duration_s:g} s each", flush=True)
         async with MetricsSampler(c.metrics_url("scheduler")) as sampler, LoopLag() as lag:
-            flood_task = asyncio.ensure_future(flood(c, key_a, long, duration_s + 2.0, args.refusal_pause_s, args.honour_retry_after))
-            await asyncio.sleep(1.0)  # the flood is on before B's first request
-            beside = await quiet_tenant(c, key_b, short, duration_s)
-            flooded = await flood_task
+            for index in range(rounds):
+                round_alone = await quiet_tenant(c, key_b, short, duration_s)
+                flood_task = asyncio.ensure_future(
+                    flood(c, key_a, long, duration_s + 2.0, args.refusal_pause_s, args.honour_retry_after))
+                await asyncio.sleep(1.0)  # the flood is on before B's first request
+                round_beside = await quiet_tenant(c, key_b, short, duration_s)
+                flooded += await flood_task
+                alone += round_alone
+                beside += round_beside
+                p99_alone = percentile([r.ttft_s for r in round_alone if r.ttft_s is not None], 99)
+                p99_beside = percentile([r.ttft_s for r in round_beside if r.ttft_s is not None], 99)
+                print(f"round {index + 1}: B TTFT p50/p99 alone {ms(median([r.ttft_s for r in round_alone if r.ttft_s]))}/"
+                      f"{ms(p99_alone)}, beside the flood {ms(median([r.ttft_s for r in round_beside if r.ttft_s]))}/"
+                      f"{ms(p99_beside)} ({ratio(p99_beside, p99_alone):.2f}x)", flush=True)
 
     ttft_alone = percentile([r.ttft_s for r in alone if r.ttft_s is not None], 99)
     ttft_beside = percentile([r.ttft_s for r in beside if r.ttft_s is not None], 99)
@@ -128,7 +141,7 @@ async def main() -> int:
         print(f"  {reason}: {len(times)}, median time to refusal {ms(median(times))}")
     print(f"largest KV share A held: {'n/a' if max_share is None else f'{max_share:.2f}'} "
           f"({len(sampler.samples)} scheduler samples)")
-    print(f"during the flood: {lag.describe()} (included in the client's timings above)")
+    print(f"during the run: {lag.describe()} (included in the client's timings above)")
     print(f"ratio B p99 TTFT flood / alone: {ttft_ratio:.2f}x")
     print(verdict(None if math.isnan(ttft_ratio) else ttft_ratio <= 2.0,
                   f"B p99 TTFT under the flood / alone = {ttft_ratio:.2f}x (target <= 2)"))
