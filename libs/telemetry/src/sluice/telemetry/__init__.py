@@ -1,0 +1,4 @@
+"""Tracing, trace-context carriers, exemplars, JSON logs and tenant labels.
+
+Torch-free: every service (control plane and replica) imports it.
+"""
