@@ -15,7 +15,8 @@ def _all_messages() -> list[Descriptor]:
     found = []
 
     def walk(descriptor: Descriptor) -> None:
-        found.append(descriptor)
+        if not descriptor.GetOptions().map_entry:  # a map field's entry type is no message of its own
+            found.append(descriptor)
         for nested in descriptor.nested_types:
             walk(nested)
 
@@ -55,7 +56,10 @@ def _fill(message: Message, depth: int = 0) -> Message:
                 continue
             seen_oneofs.add(oneof.name)
         repeated = field.is_repeated
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            key_field, value_field = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+            getattr(message, field.name)[_value(key_field)] = _value(value_field)  # scalar maps only
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if depth > 3:
                 continue
             if repeated:

@@ -1,6 +1,6 @@
 """Base settings class and the addresses the services share."""
 
-import logging
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,6 +23,9 @@ class SluiceSettings(BaseSettings):
     model_name: str = Field("tiny-llama", description="alias clients send as `model`")
     model_version: str = Field("tiny-llama-v1", description="version id; router and replicas must agree")
     log_level: str = Field("INFO", description="Python logging level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text (a line for a terminal) or json (one object per line with trace_id; the chart's default)",
+    )
     # Read by every multiplexed call's caller side (the gateway's router
     # session, the router's replica sessions). 256 is
     # sluice.rpc.multiplex_client.DEFAULT_MAX_UNDELIVERED_EVENTS, which says
@@ -33,8 +36,10 @@ class SluiceSettings(BaseSettings):
     )
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def configure_logging(level: str, fmt: str = "text", service: str = "sluice") -> None:
+    """The root logger of a service process: SLUICE_LOG_LEVEL and
+    SLUICE_LOG_FORMAT (text or json, see sluice.telemetry.json_logs)."""
+    # Imported here so reading settings does not load OpenTelemetry.
+    from sluice.telemetry.json_logs import configure_logging as configure
+
+    configure(level, fmt, service)

@@ -3,6 +3,7 @@
 import grpc
 
 from sluice.rpc.server import MAX_MESSAGE_BYTES
+from sluice.rpc.trace_interceptors import client_trace_interceptors
 
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -16,4 +17,4 @@ CHANNEL_OPTIONS = (
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_trace_interceptors())

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from sluice.rpc.interceptors import ServiceErrorInterceptor
+from sluice.rpc.trace_interceptors import server_trace_interceptor
 
 # Bigger than gRPC's 4 MiB default: a 128K-token prompt is ~0.5 MiB of ids,
 # but a chat with long messages as text can be several MiB.
@@ -41,7 +42,11 @@ class HealthServer:
     def __init__(self, service_names: Sequence[str], register: Callable[[grpc.aio.Server], None]) -> None:
         self._service_names = ("", *service_names)
         self._health = HealthServicer()
-        self._server = grpc.aio.server(interceptors=[ServiceErrorInterceptor()], options=SERVER_OPTIONS)
+        # The tracing interceptor outermost, so its span records the status
+        # the error interceptor mapped.
+        self._server = grpc.aio.server(
+            interceptors=[server_trace_interceptor(), ServiceErrorInterceptor()], options=SERVER_OPTIONS,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         register(self._server)
 

@@ -25,31 +25,35 @@ _sym_db = _symbol_database.Default()
 from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sluice/v1/replica.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"\xff\x01\n\x0cTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.sluice.v1.SamplingParams\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\r\x12.\n\rservice_class\x18\x05 \x01(\x0e\x32\x17.sluice.v1.ServiceClass\x12\x14\n\x0c\x66\x61irness_key\x18\x06 \x01(\t\x12\x1f\n\x05lease\x18\x07 \x01(\x0b\x32\x10.sluice.v1.Lease\x12\x12\n\ncache_salt\x18\x08 \x01(\t\"l\n\nTokenEvent\x12\'\n\x06tokens\x18\x01 \x01(\x0b\x32\x15.sluice.v1.TokenDeltaH\x00\x12,\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x18.sluice.v1.TokenFinishedH\x00\x42\x07\n\x05\x65vent\"d\n\x0fGenerateCommand\x12)\n\x06submit\x18\x01 \x01(\x0b\x32\x17.sluice.v1.TokenRequestH\x00\x12\x1b\n\x11\x63\x61ncel_request_id\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ommand\":\n\x0fTokenEventBatch\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sluice.v1.RequestEvent\"\x7f\n\x0cRequestEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05token\x18\x02 \x01(\x0b\x32\x15.sluice.v1.TokenEventH\x00\x12*\n\x06\x66\x61iled\x18\x03 \x01(\x0b\x32\x18.sluice.v1.RequestFailedH\x00\x42\x07\n\x05\x65vent\"=\n\nTokenDelta\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\"`\n\rTokenFinished\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.sluice.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Usage\"+\n\x11WatchStateRequest\x12\x16\n\x0emin_interval_s\x18\x01 \x01(\x01\"\xdb\x02\n\x0cReplicaState\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x17\n\x0ftotal_kv_blocks\x18\x03 \x01(\r\x12\x16\n\x0e\x66ree_kv_blocks\x18\x04 \x01(\r\x12\x19\n\x11\x62lock_size_tokens\x18\x05 \x01(\r\x12\x13\n\x0bnum_running\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x13\n\x0bstep_time_s\x18\x08 \x01(\x01\x12\r\n\x05ready\x18\t \x01(\x08\x12\x11\n\tat_unix_s\x18\n \x01(\x01\x12\x14\n\x0cmax_num_seqs\x18\x0b \x01(\r\x12!\n\x19\x63\x61\x63he_stored_block_hashes\x18\x0c \x03(\x0c\x12\"\n\x1a\x63\x61\x63he_evicted_block_hashes\x18\r \x03(\x0c\x12\x16\n\x0e\x63\x61\x63he_snapshot\x18\x0e \x01(\x08\x32\xda\x01\n\x07Replica\x12<\n\x08Generate\x12\x17.sluice.v1.TokenRequest\x1a\x15.sluice.v1.TokenEvent0\x01\x12J\n\x0cGenerateMany\x12\x1a.sluice.v1.GenerateCommand\x1a\x1a.sluice.v1.TokenEventBatch(\x01\x30\x01\x12\x45\n\nWatchState\x12\x1c.sluice.v1.WatchStateRequest\x1a\x17.sluice.v1.ReplicaState0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sluice/v1/replica.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"\xf6\x02\n\x0cTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.sluice.v1.SamplingParams\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\r\x12.\n\rservice_class\x18\x05 \x01(\x0e\x32\x17.sluice.v1.ServiceClass\x12\x14\n\x0c\x66\x61irness_key\x18\x06 \x01(\t\x12\x1f\n\x05lease\x18\x07 \x01(\x0b\x32\x10.sluice.v1.Lease\x12\x12\n\ncache_salt\x18\x08 \x01(\t\x12@\n\rtrace_context\x18\t \x03(\x0b\x32).sluice.v1.TokenRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"l\n\nTokenEvent\x12\'\n\x06tokens\x18\x01 \x01(\x0b\x32\x15.sluice.v1.TokenDeltaH\x00\x12,\n\x08\x66inished\x18\x02 \x01(\x0b\x32\x18.sluice.v1.TokenFinishedH\x00\x42\x07\n\x05\x65vent\"d\n\x0fGenerateCommand\x12)\n\x06submit\x18\x01 \x01(\x0b\x32\x17.sluice.v1.TokenRequestH\x00\x12\x1b\n\x11\x63\x61ncel_request_id\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ommand\":\n\x0fTokenEventBatch\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.sluice.v1.RequestEvent\"\x7f\n\x0cRequestEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12&\n\x05token\x18\x02 \x01(\x0b\x32\x15.sluice.v1.TokenEventH\x00\x12*\n\x06\x66\x61iled\x18\x03 \x01(\x0b\x32\x18.sluice.v1.RequestFailedH\x00\x42\x07\n\x05\x65vent\"=\n\nTokenDelta\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x02 \x01(\r\"`\n\rTokenFinished\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.sluice.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Usage\"+\n\x11WatchStateRequest\x12\x16\n\x0emin_interval_s\x18\x01 \x01(\x01\"\xdb\x02\n\x0cReplicaState\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x17\n\x0ftotal_kv_blocks\x18\x03 \x01(\r\x12\x16\n\x0e\x66ree_kv_blocks\x18\x04 \x01(\r\x12\x19\n\x11\x62lock_size_tokens\x18\x05 \x01(\r\x12\x13\n\x0bnum_running\x18\x06 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x07 \x01(\r\x12\x13\n\x0bstep_time_s\x18\x08 \x01(\x01\x12\r\n\x05ready\x18\t \x01(\x08\x12\x11\n\tat_unix_s\x18\n \x01(\x01\x12\x14\n\x0cmax_num_seqs\x18\x0b \x01(\r\x12!\n\x19\x63\x61\x63he_stored_block_hashes\x18\x0c \x03(\x0c\x12\"\n\x1a\x63\x61\x63he_evicted_block_hashes\x18\r \x03(\x0c\x12\x16\n\x0e\x63\x61\x63he_snapshot\x18\x0e \x01(\x08\x32\xda\x01\n\x07Replica\x12<\n\x08Generate\x12\x17.sluice.v1.TokenRequest\x1a\x15.sluice.v1.TokenEvent0\x01\x12J\n\x0cGenerateMany\x12\x1a.sluice.v1.GenerateCommand\x1a\x1a.sluice.v1.TokenEventBatch(\x01\x30\x01\x12\x45\n\nWatchState\x12\x1c.sluice.v1.WatchStateRequest\x1a\x17.sluice.v1.ReplicaState0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sluice.v1.replica_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TOKENREQUEST_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_TOKENREQUEST_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_TOKENREQUEST']._serialized_start=63
-  _globals['_TOKENREQUEST']._serialized_end=318
-  _globals['_TOKENEVENT']._serialized_start=320
-  _globals['_TOKENEVENT']._serialized_end=428
-  _globals['_GENERATECOMMAND']._serialized_start=430
-  _globals['_GENERATECOMMAND']._serialized_end=530
-  _globals['_TOKENEVENTBATCH']._serialized_start=532
-  _globals['_TOKENEVENTBATCH']._serialized_end=590
-  _globals['_REQUESTEVENT']._serialized_start=592
-  _globals['_REQUESTEVENT']._serialized_end=719
-  _globals['_TOKENDELTA']._serialized_start=721
-  _globals['_TOKENDELTA']._serialized_end=782
-  _globals['_TOKENFINISHED']._serialized_start=784
-  _globals['_TOKENFINISHED']._serialized_end=880
-  _globals['_WATCHSTATEREQUEST']._serialized_start=882
-  _globals['_WATCHSTATEREQUEST']._serialized_end=925
-  _globals['_REPLICASTATE']._serialized_start=928
-  _globals['_REPLICASTATE']._serialized_end=1275
-  _globals['_REPLICA']._serialized_start=1278
-  _globals['_REPLICA']._serialized_end=1496
+  _globals['_TOKENREQUEST']._serialized_end=437
+  _globals['_TOKENREQUEST_TRACECONTEXTENTRY']._serialized_start=386
+  _globals['_TOKENREQUEST_TRACECONTEXTENTRY']._serialized_end=437
+  _globals['_TOKENEVENT']._serialized_start=439
+  _globals['_TOKENEVENT']._serialized_end=547
+  _globals['_GENERATECOMMAND']._serialized_start=549
+  _globals['_GENERATECOMMAND']._serialized_end=649
+  _globals['_TOKENEVENTBATCH']._serialized_start=651
+  _globals['_TOKENEVENTBATCH']._serialized_end=709
+  _globals['_REQUESTEVENT']._serialized_start=711
+  _globals['_REQUESTEVENT']._serialized_end=838
+  _globals['_TOKENDELTA']._serialized_start=840
+  _globals['_TOKENDELTA']._serialized_end=901
+  _globals['_TOKENFINISHED']._serialized_start=903
+  _globals['_TOKENFINISHED']._serialized_end=999
+  _globals['_WATCHSTATEREQUEST']._serialized_start=1001
+  _globals['_WATCHSTATEREQUEST']._serialized_end=1044
+  _globals['_REPLICASTATE']._serialized_start=1047
+  _globals['_REPLICASTATE']._serialized_end=1394
+  _globals['_REPLICA']._serialized_start=1397
+  _globals['_REPLICA']._serialized_end=1615
 # @@protoc_insertion_point(module_scope)

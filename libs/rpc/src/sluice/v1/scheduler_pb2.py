@@ -25,27 +25,31 @@ _sym_db = _symbol_database.Default()
 from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sluice/v1/scheduler.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"\x8f\x01\n\x10PlacementRequest\x12%\n\x07\x65nqueue\x18\x01 \x01(\x0b\x32\x12.sluice.v1.EnqueueH\x00\x12%\n\x07release\x18\x02 \x01(\x0b\x32\x12.sluice.v1.ReleaseH\x00\x12%\n\x07started\x18\x03 \x01(\x0b\x32\x12.sluice.v1.StartedH\x00\x42\x06\n\x04kind\"\xde\x02\n\x07\x45nqueue\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12.\n\rservice_class\x18\x04 \x01(\x0e\x32\x17.sluice.v1.ServiceClass\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x06 \x01(\r\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x07 \x01(\x01\x12\x1f\n\x17requested_output_tokens\x18\x08 \x01(\r\x12\x1b\n\x13prompt_block_hashes\x18\t \x03(\x0c\x12\x19\n\x11\x62lock_size_tokens\x18\n \x01(\r\x12\x10\n\x08\x63ritical\x18\x0b \x01(\x08\x12\x12\n\ndegradable\x18\x0c \x01(\x08\x12\x1e\n\x16\x66\x61llback_model_version\x18\r \x01(\t\"\x1d\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"4\n\x07Release\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"x\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x08\x64ispatch\x18\x02 \x01(\x0b\x32\x13.sluice.v1.DispatchH\x00\x12#\n\x06reject\x18\x03 \x01(\x0b\x32\x11.sluice.v1.RejectH\x00\x42\t\n\x07outcome\"\x8a\x01\n\x08\x44ispatch\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x17\n\x0freplica_address\x18\x02 \x01(\t\x12\x1f\n\x05lease\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Lease\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x19\n\x11output_cap_tokens\x18\x05 \x01(\r\"@\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\x32K\n\tScheduler\x12>\n\x05Place\x12\x1b.sluice.v1.PlacementRequest\x1a\x14.sluice.v1.Placement(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sluice/v1/scheduler.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"\x8f\x01\n\x10PlacementRequest\x12%\n\x07\x65nqueue\x18\x01 \x01(\x0b\x32\x12.sluice.v1.EnqueueH\x00\x12%\n\x07release\x18\x02 \x01(\x0b\x32\x12.sluice.v1.ReleaseH\x00\x12%\n\x07started\x18\x03 \x01(\x0b\x32\x12.sluice.v1.StartedH\x00\x42\x06\n\x04kind\"\xd0\x03\n\x07\x45nqueue\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12.\n\rservice_class\x18\x04 \x01(\x0e\x32\x17.sluice.v1.ServiceClass\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x06 \x01(\r\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\x07 \x01(\x01\x12\x1f\n\x17requested_output_tokens\x18\x08 \x01(\r\x12\x1b\n\x13prompt_block_hashes\x18\t \x03(\x0c\x12\x19\n\x11\x62lock_size_tokens\x18\n \x01(\r\x12\x10\n\x08\x63ritical\x18\x0b \x01(\x08\x12\x12\n\ndegradable\x18\x0c \x01(\x08\x12\x1e\n\x16\x66\x61llback_model_version\x18\r \x01(\t\x12;\n\rtrace_context\x18\x0e \x03(\x0b\x32$.sluice.v1.Enqueue.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\x07Started\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"4\n\x07Release\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\routput_tokens\x18\x02 \x01(\r\"x\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\'\n\x08\x64ispatch\x18\x02 \x01(\x0b\x32\x13.sluice.v1.DispatchH\x00\x12#\n\x06reject\x18\x03 \x01(\x0b\x32\x11.sluice.v1.RejectH\x00\x42\t\n\x07outcome\"\x8a\x01\n\x08\x44ispatch\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x17\n\x0freplica_address\x18\x02 \x01(\t\x12\x1f\n\x05lease\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Lease\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x19\n\x11output_cap_tokens\x18\x05 \x01(\r\"@\n\x06Reject\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\x32K\n\tScheduler\x12>\n\x05Place\x12\x1b.sluice.v1.PlacementRequest\x1a\x14.sluice.v1.Placement(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sluice.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ENQUEUE_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_ENQUEUE_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_PLACEMENTREQUEST']._serialized_start=65
   _globals['_PLACEMENTREQUEST']._serialized_end=208
   _globals['_ENQUEUE']._serialized_start=211
-  _globals['_ENQUEUE']._serialized_end=561
-  _globals['_STARTED']._serialized_start=563
-  _globals['_STARTED']._serialized_end=592
-  _globals['_RELEASE']._serialized_start=594
-  _globals['_RELEASE']._serialized_end=646
-  _globals['_PLACEMENT']._serialized_start=648
-  _globals['_PLACEMENT']._serialized_end=768
-  _globals['_DISPATCH']._serialized_start=771
-  _globals['_DISPATCH']._serialized_end=909
-  _globals['_REJECT']._serialized_start=911
-  _globals['_REJECT']._serialized_end=975
-  _globals['_SCHEDULER']._serialized_start=977
-  _globals['_SCHEDULER']._serialized_end=1052
+  _globals['_ENQUEUE']._serialized_end=675
+  _globals['_ENQUEUE_TRACECONTEXTENTRY']._serialized_start=624
+  _globals['_ENQUEUE_TRACECONTEXTENTRY']._serialized_end=675
+  _globals['_STARTED']._serialized_start=677
+  _globals['_STARTED']._serialized_end=706
+  _globals['_RELEASE']._serialized_start=708
+  _globals['_RELEASE']._serialized_end=760
+  _globals['_PLACEMENT']._serialized_start=762
+  _globals['_PLACEMENT']._serialized_end=882
+  _globals['_DISPATCH']._serialized_start=885
+  _globals['_DISPATCH']._serialized_end=1023
+  _globals['_REJECT']._serialized_start=1025
+  _globals['_REJECT']._serialized_end=1089
+  _globals['_SCHEDULER']._serialized_start=1091
+  _globals['_SCHEDULER']._serialized_end=1166
 # @@protoc_insertion_point(module_scope)

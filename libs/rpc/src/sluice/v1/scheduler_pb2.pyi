@@ -18,7 +18,14 @@ class PlacementRequest(_message.Message):
     def __init__(self, enqueue: _Optional[_Union[Enqueue, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., started: _Optional[_Union[Started, _Mapping]] = ...) -> None: ...
 
 class Enqueue(_message.Message):
-    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s", "requested_output_tokens", "prompt_block_hashes", "block_size_tokens", "critical", "degradable", "fallback_model_version")
+    __slots__ = ("request_id", "tenant", "model_version", "service_class", "prompt_tokens", "max_output_tokens", "deadline_unix_s", "requested_output_tokens", "prompt_block_hashes", "block_size_tokens", "critical", "degradable", "fallback_model_version", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +39,7 @@ class Enqueue(_message.Message):
     CRITICAL_FIELD_NUMBER: _ClassVar[int]
     DEGRADABLE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model_version: str
@@ -45,7 +53,8 @@ class Enqueue(_message.Message):
     critical: bool
     degradable: bool
     fallback_model_version: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., requested_output_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[bytes]] = ..., block_size_tokens: _Optional[int] = ..., critical: _Optional[bool] = ..., degradable: _Optional[bool] = ..., fallback_model_version: _Optional[str] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_version: _Optional[str] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., prompt_tokens: _Optional[int] = ..., max_output_tokens: _Optional[int] = ..., deadline_unix_s: _Optional[float] = ..., requested_output_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[bytes]] = ..., block_size_tokens: _Optional[int] = ..., critical: _Optional[bool] = ..., degradable: _Optional[bool] = ..., fallback_model_version: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("request_id",)

@@ -6,11 +6,13 @@ from sluice.config import configure_logging
 from sluice.gateway.app import create_app
 from sluice.gateway.http_edge import EdgeLimits, edge_protocol
 from sluice.gateway.settings import GatewaySettings
+from sluice.telemetry.tracing import configure_tracing
 
 
 def main() -> None:
     settings = GatewaySettings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format, "gateway")
+    tracing = configure_tracing("sluice-gateway")
     # uvicorn handles SIGTERM: stop accepting, let responses finish for up
     # to the grace period, then close what is left (cancelling streams).
     limits = EdgeLimits(
@@ -30,6 +32,8 @@ def main() -> None:
         timeout_keep_alive=int(settings.http_keep_alive_timeout_s),
         h11_max_incomplete_event_size=settings.http_max_header_bytes,
     )
+    if tracing is not None:
+        tracing.shutdown()  # flush the spans still batched
 
 
 if __name__ == "__main__":

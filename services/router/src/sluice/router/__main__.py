@@ -24,6 +24,7 @@ from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
+from sluice.telemetry.tracing import configure_tracing
 
 log = logging.getLogger("sluice.router")
 
@@ -94,8 +95,13 @@ async def _report_readiness(
 
 def main() -> None:
     settings = RouterSettings()
-    configure_logging(settings.log_level)
-    asyncio.run(serve(settings))
+    configure_logging(settings.log_level, settings.log_format, "router")
+    tracing = configure_tracing("sluice-router")
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # flush the spans still batched
 
 
 if __name__ == "__main__":

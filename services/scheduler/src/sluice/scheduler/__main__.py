@@ -14,6 +14,7 @@ from sluice.scheduler.replica_watch import ReplicaWatcher
 from sluice.scheduler.servicer import SchedulerServicer
 from sluice.scheduler.settings import SchedulerSettings
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
+from sluice.telemetry.tracing import configure_tracing
 
 log = logging.getLogger("sluice.scheduler")
 
@@ -51,8 +52,13 @@ async def _report_readiness(server: HealthServer, watcher: ReplicaWatcher, inter
 
 def main() -> None:
     settings = SchedulerSettings()
-    configure_logging(settings.log_level)
-    asyncio.run(serve(settings))
+    configure_logging(settings.log_level, settings.log_format, "scheduler")
+    tracing = configure_tracing("sluice-scheduler")
+    try:
+        asyncio.run(serve(settings))
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # flush the spans still batched
 
 
 if __name__ == "__main__":

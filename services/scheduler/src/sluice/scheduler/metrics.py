@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sluice.placement.asks import ServiceClass
 from sluice.placement.cluster import ClusterScheduler
 from sluice.placement.replica_choice import ReplicaView
-from sluice.scheduler.tenant_labels import TenantLabels
+from sluice.telemetry.tenant_labels import TenantLabels
 
 CLASS_NAMES = {ServiceClass.INTERACTIVE: "interactive", ServiceClass.BATCH: "batch"}
 WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800)
