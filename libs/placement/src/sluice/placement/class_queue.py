@@ -90,6 +90,10 @@ class ClassQueue:
     def oldest_enqueued_s(self) -> float | None:
         return min((line[0].enqueued_s for line in self._by_tenant.values()), default=None)
 
+    def tenant_oldest_enqueued_s(self) -> dict[str, float]:
+        """Per queued tenant: when its oldest entry was enqueued (each line is FIFO)."""
+        return {tenant: line[0].enqueued_s for tenant, line in self._by_tenant.items()}
+
     def tenant_work(self) -> dict[str, tuple[int, int]]:
         """Per tenant: (queued entries, queued KV blocks)."""
         return {t: self.tenant_queued(t) for t in self._by_tenant}

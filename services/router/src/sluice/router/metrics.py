@@ -1,6 +1,8 @@
+"""The router's Prometheus metrics, and the process's (process_*, python_info)."""
+
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, PlatformCollector, ProcessCollector
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +17,8 @@ class RouterMetrics:
     @classmethod
     def create(cls) -> "RouterMetrics":
         registry = CollectorRegistry()
+        ProcessCollector(registry=registry)  # CPU seconds, resident memory, open fds of this service
+        PlatformCollector(registry=registry)
         return cls(
             registry=registry,
             streams_active=Gauge(

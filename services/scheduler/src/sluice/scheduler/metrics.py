@@ -5,7 +5,7 @@ event loop (`SchedulerMetrics.publish`), never read across threads."""
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 
 from sluice.placement.asks import ServiceClass
 from sluice.placement.cluster import ClusterScheduler
@@ -24,6 +24,7 @@ class SchedulerMetrics:
     rejections_total: Counter
     queue_length: Gauge
     queue_oldest_age_seconds: Gauge
+    tenant_queue_oldest_age_seconds: Gauge
     queue_time_seconds: Histogram
     predicted_start_seconds: Histogram
     reservations_active: Gauge
@@ -44,10 +45,13 @@ class SchedulerMetrics:
     _served_published: dict = field(default_factory=lambda: defaultdict(float))
     _prefix_published: list = field(default_factory=lambda: [0, 0])
     _tenant_labels_set: dict = field(default_factory=lambda: defaultdict(set))  # model -> labels given a value
+    _tenant_queue_labels_set: dict = field(default_factory=lambda: defaultdict(set))  # (model, class) -> tenant labels
 
     @classmethod
     def create(cls) -> "SchedulerMetrics":
         r = CollectorRegistry()
+        ProcessCollector(registry=r)  # CPU seconds, resident memory, open fds of this service
+        PlatformCollector(registry=r)
         pool = ["model", "class"]
         return cls(
             registry=r,
@@ -56,6 +60,9 @@ class SchedulerMetrics:
             rejections_total=Counter("sluice_rejections_total", "Requests the scheduler refused", ["reason", "class"], registry=r),
             queue_length=Gauge("sluice_queue_length", "Requests queued", pool, registry=r),
             queue_oldest_age_seconds=Gauge("sluice_queue_oldest_age_seconds", "Age of the oldest queued request", pool, registry=r),
+            tenant_queue_oldest_age_seconds=Gauge(
+                "sluice_tenant_queue_oldest_age_seconds", "Age of a tenant's oldest queued request (0 when none; "
+                "`other`: the oldest of the tenants past the top N)", [*pool, "tenant"], registry=r),
             queue_time_seconds=Histogram("sluice_queue_time_seconds", "Time from enqueue to dispatch", pool,
                                          buckets=WAIT_BUCKETS_S, registry=r),
             predicted_start_seconds=Histogram("sluice_predicted_start_seconds", "Predicted wait at enqueue", pool,
@@ -100,6 +107,7 @@ class SchedulerMetrics:
             oldest = queue.oldest_enqueued_s()
             self.queue_oldest_age_seconds.labels(*labels).set(0.0 if oldest is None else now_s - oldest)
             self.fairness_bound_tokens.labels(*labels).set(queue.counters.served_fairness_bound)
+            self._publish_tenant_queue_ages(labels, queue.tenant_oldest_enqueued_s(), now_s)
             for tenant, served in queue.counters.served.items():
                 key = (version, labels[1], tenant)
                 delta = served - self._served_published[key]
@@ -131,3 +139,16 @@ class SchedulerMetrics:
         self.prefix_hit_blocks_total.inc(stats.hit_blocks - self._prefix_published[0])
         self.prefix_queried_blocks_total.inc(stats.queried_blocks - self._prefix_published[1])
         self._prefix_published = [stats.hit_blocks, stats.queried_blocks]
+
+    def _publish_tenant_queue_ages(self, pool: tuple[str, str], oldest_by_tenant: dict[str, float],
+                                   now_s: float) -> None:
+        ages: dict[str, float] = {}
+        for tenant, enqueued_s in oldest_by_tenant.items():
+            label = self.tenants(tenant)
+            ages[label] = max(ages.get(label, 0.0), now_s - enqueued_s)
+        for label, age_s in ages.items():
+            self.tenant_queue_oldest_age_seconds.labels(*pool, label).set(age_s)
+        seen = self._tenant_queue_labels_set[pool]
+        for label in seen - ages.keys():  # drained since the last publish
+            self.tenant_queue_oldest_age_seconds.labels(*pool, label).set(0.0)
+        seen.update(ages)
