@@ -1,0 +1,5 @@
+import sys
+
+from sluice.top.cli import main
+
+sys.exit(main())
