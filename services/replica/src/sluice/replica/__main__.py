@@ -19,6 +19,7 @@ from sluice.model.step_cost import attention_depth_scale_tokens
 from sluice.replica.canary import Canary
 from sluice.replica.capacity import kv_cache_blocks
 from sluice.replica.engine_loop import EngineLoop
+from sluice.replica.engine_metrics import EngineMetrics
 from sluice.replica.executor import StepExecutor
 from sluice.replica.metrics import ReplicaCollector, ReplicaCounters, create_registry
 from sluice.replica.servicer import ReplicaServicer
@@ -30,7 +31,7 @@ from sluice.telemetry.tracing import configure_tracing
 log = logging.getLogger("sluice.replica")
 
 
-def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
+def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[EngineLoop, ModelRunner]:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     dtype = getattr(torch, settings.dtype)
@@ -66,11 +67,12 @@ def build_engine(settings: ReplicaSettings) -> tuple[EngineLoop, ModelRunner]:
     )
     log.info("model %s on %s/%s, %d KV blocks of %d tokens", settings.model_dir, device, dtype, num_blocks,
              settings.block_size_tokens)
-    return EngineLoop(core, StepExecutor(runner)), runner
+    return EngineLoop(core, StepExecutor(runner), metrics=metrics), runner
 
 
 async def serve(settings: ReplicaSettings) -> None:
-    engine, runner = build_engine(settings)
+    engine_metrics = EngineMetrics(settings.model_version, settings.replica_id)
+    engine, runner = build_engine(settings, engine_metrics)
     config = runner.model.config
     counters = ReplicaCounters()
     server: HealthServer | None = None
@@ -85,12 +87,13 @@ async def serve(settings: ReplicaSettings) -> None:
         interval_s=settings.canary_interval_s,
         timeout_s=settings.canary_timeout_s,
         on_change=on_readiness,
+        counters=counters,
     )
     is_ready = lambda: canary.ready  # noqa: E731
     if settings.metrics_port:
         collector = ReplicaCollector(settings.replica_id, settings.model_version, lambda: engine.snapshot, counters,
                                      is_ready)
-        start_http_server(settings.metrics_port, settings.metrics_host, registry=create_registry(collector))
+        start_http_server(settings.metrics_port, settings.metrics_host, registry=create_registry(collector, engine_metrics))
     servicer = ReplicaServicer(
         engine, config, settings.replica_id, settings.model_version, is_ready, counters, settings.state_interval_s
     )

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from sluice.engine.request import EngineRequest, StopPolicy
 from sluice.model.sampler import SamplingParams
 from sluice.replica.engine_loop import EngineLoop
+from sluice.replica.metrics import ReplicaCounters
 from sluice.replica.streams import RequestStream
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,10 @@ class Canary:
         interval_s: float,
         timeout_s: float,
         on_change: Callable[[bool], Awaitable[None]],
+        counters: ReplicaCounters,
     ) -> None:
         self._engine = engine
+        self._counters = counters  # canary_failures_total
         self._probe_token_id = probe_token_id
         self._interval_s = interval_s
         self._timeout_s = timeout_s
@@ -56,6 +59,7 @@ class Canary:
         except (TimeoutError, ValueError, RuntimeError) as error:
             log.error("canary failed after %.2fs: %r", time.monotonic() - started_s, error)
             stream.cancel()
+            self._counters.canary_failures_total += 1
             return False
         self.last_latency_s = time.monotonic() - started_s
         return True

@@ -19,6 +19,7 @@ from sluice.engine.plan import RequestOutput
 from sluice.engine.request import EngineRequest
 from sluice.engine.scheduler import IterationScheduler
 from sluice.replica.cache_events import CacheEventLog
+from sluice.replica.engine_metrics import EngineMetrics
 from sluice.replica.executor import StepExecutor
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,10 @@ class EngineSnapshot:
 
 class EngineLoop:
     def __init__(self, core: IterationScheduler, executor: StepExecutor, clock: Callable[[], float] = time.monotonic,
-                 cache_events: CacheEventLog | None = None):
+                 cache_events: CacheEventLog | None = None, metrics: EngineMetrics | None = None):
         self._core = core
+        # Unregistered when none is given (tests, tools): recorded, never scraped.
+        self.metrics = metrics or EngineMetrics(model="", replica="")
         self._executor = executor
         self._clock = clock
         self._commands: deque[Callable[[], None]] = deque()
@@ -123,21 +126,25 @@ class EngineLoop:
         for request_id, sink in list(self._sinks.items()):
             self._core.cancel(request_id)
             self._executor.forget(request_id)
+            self.metrics.forget(request_id)
             sink(error)
         self._sinks.clear()
 
     def _add(self, request: EngineRequest, sink: Sink) -> None:
+        now_s = self._clock()
         try:
-            self._core.add(request, self._clock())  # the clock schedule() runs on
+            self._core.add(request, now_s)  # the clock schedule() runs on
         except ValueError as error:
             sink(error)
             return
         self._sinks[request.request_id] = sink
+        self.metrics.arrived(request, now_s)
 
     def _cancel(self, request_id: str) -> None:
         if self._core.cancel(request_id):
             self._executor.forget(request_id)
         self._sinks.pop(request_id, None)
+        self.metrics.ended(request_id, self._clock())
 
     def _step(self) -> None:
         started_s = self._clock()
@@ -154,12 +161,15 @@ class EngineLoop:
             for chunk in plan.chunks:
                 self._core.cancel(chunk.request_id)
                 self._executor.forget(chunk.request_id)
+                self.metrics.forget(chunk.request_id)
                 sink = self._sinks.pop(chunk.request_id, None)
                 if sink is not None:
                     sink(error)
             return
         outputs = self._core.update(plan, sampled)
-        elapsed_s = self._clock() - started_s
+        ended_s = self._clock()
+        elapsed_s = ended_s - started_s
+        self.metrics.step(plan, outputs, started_s, ended_s)
         self._step_time_s += STEP_TIME_EWMA_WEIGHT * (elapsed_s - self._step_time_s)
         self._steps_total += 1
         for output in outputs:

@@ -1,9 +1,10 @@
-"""Replica metrics, read from the engine snapshot at scrape time."""
+"""Replica metrics: gauges and counters read from the engine snapshot at
+scrape time, the engine's own histograms (engine_metrics), and the process."""
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -12,9 +13,10 @@ from sluice.replica.engine_loop import EngineSnapshot
 
 @dataclass(slots=True)
 class ReplicaCounters:
-    """Counted by the servicer on the event loop (its only writer)."""
+    """Counted on the event loop: by the servicer (cancels) and the canary."""
 
     cancelled_total: int = 0
+    canary_failures_total: int = 0  # probes that failed or timed out
 
 
 class ReplicaCollector(Collector):
@@ -64,9 +66,16 @@ class ReplicaCollector(Collector):
         yield counter("sluice_prefix_cache_hits", "Tokens found in the prefix cache at admission",
                       s.prefix_cache_hit_tokens_total)
         yield counter("sluice_replica_requests_cancelled", "Requests whose caller went away", self._counters.cancelled_total)
+        yield counter("sluice_replica_canary_failures", "Canary probes that failed or timed out",
+                      self._counters.canary_failures_total)
 
 
-def create_registry(collector: ReplicaCollector) -> CollectorRegistry:
+def create_registry(*collectors: Collector) -> CollectorRegistry:
+    """The replica's /metrics: `collectors` plus the process's CPU, memory
+    and file descriptors (process_*) and the Python version (python_info)."""
     registry = CollectorRegistry()
-    registry.register(collector)
+    for collector in collectors:
+        registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
     return registry
