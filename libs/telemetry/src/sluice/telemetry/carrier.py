@@ -26,3 +26,10 @@ def extract_trace_context(carrier: MutableMapping[str, str] | None) -> Context:
     it is a root) when the map is empty, e.g. an untraced caller."""
     # A protobuf map is a Mapping, but the default getter wants a dict.
     return propagate.extract(dict(carrier or {}), context=Context())
+
+
+def trace_headers(context: Context | None = None) -> dict[str, str]:
+    """The headers as a dict, for a message built with keyword arguments."""
+    headers: dict[str, str] = {}
+    propagate.inject(headers, context=context)
+    return headers

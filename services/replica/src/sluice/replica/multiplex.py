@@ -28,6 +28,7 @@ from sluice.model.config import LlamaConfig
 from sluice.replica.engine_loop import EngineLoop
 from sluice.replica.events import failure_info, token_events
 from sluice.replica.metrics import ReplicaCounters
+from sluice.replica.request_spans import RequestSpans
 from sluice.replica.requests import engine_request
 from sluice.rpc.errors import ErrorInfo, ServiceError, request_failed
 from sluice.v1 import replica_pb2
@@ -37,8 +38,11 @@ class MultiplexedRequests:
     """The requests of one GenerateMany call. Event-loop methods except
     ``_from_model_thread``, which the engine's model thread calls."""
 
-    def __init__(self, engine: EngineLoop, config: LlamaConfig, counters: ReplicaCounters) -> None:
+    def __init__(
+        self, engine: EngineLoop, config: LlamaConfig, counters: ReplicaCounters, spans: RequestSpans | None = None,
+    ) -> None:
         self._engine = engine
+        self._spans = spans or RequestSpans("", "")
         self._config = config
         self._counters = counters
         self._loop = asyncio.get_running_loop()
@@ -54,9 +58,11 @@ class MultiplexedRequests:
             self._fail(request_id, ServiceError(grpc.StatusCode.INVALID_ARGUMENT, "invalid_request",
                                                 f"request id {request_id!r} is empty or already running").info)
             return
+        self._spans.arrived(request)
         try:
             engine_req = engine_request(request, self._config)
         except ServiceError as error:
+            self._spans.ended(request_id, error.info.reason, failed=True)
             self._fail(request_id, error.info)
             return
         self._active.add(request_id)
@@ -68,6 +74,7 @@ class MultiplexedRequests:
             self._active.discard(request_id)
             self._engine.cancel(request_id)
             self._counters.cancelled_total += 1
+            self._spans.ended(request_id, "cancelled")
 
     def cancel_all(self) -> None:
         for request_id in list(self._active):
@@ -103,9 +110,11 @@ class MultiplexedRequests:
             failure = item if isinstance(item, ErrorInfo) else failure_info(item)
             if request_id in self._active or isinstance(item, ErrorInfo):
                 self._active.discard(request_id)
+                self._spans.ended(request_id, failure.reason, failed=True)
                 events.extend(self._token_events(request_id, waiting.pop(request_id, [])))
                 events.append(replica_pb2.RequestEvent(request_id=request_id, failed=request_failed(failure)))
         for request_id, outputs in waiting.items():
+            self._spans.produced(request_id, outputs)
             events.extend(self._token_events(request_id, outputs))
             if outputs[-1].finished:
                 self._active.discard(request_id)

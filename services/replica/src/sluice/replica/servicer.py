@@ -12,6 +12,7 @@ from sluice.replica.engine_loop import EngineLoop
 from sluice.replica.events import failure_info, token_events
 from sluice.replica.metrics import ReplicaCounters
 from sluice.replica.multiplex import MultiplexedRequests
+from sluice.replica.request_spans import RequestSpans
 from sluice.replica.requests import engine_request
 from sluice.replica.streams import RequestStream
 from sluice.rpc.errors import ServiceError
@@ -36,18 +37,26 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
         self._is_ready = is_ready
         self._counters = counters
         self._state_interval_s = state_interval_s
+        self._spans = RequestSpans(model_version, replica_id)
 
     async def Generate(
         self, request: replica_pb2.TokenRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[replica_pb2.TokenEvent]:
-        stream = RequestStream(self._engine, engine_request(request, self._config))
+        self._spans.arrived(request)
+        try:
+            stream = RequestStream(self._engine, engine_request(request, self._config))
+        except ServiceError as error:
+            self._spans.ended(request.request_id, error.info.reason, failed=True)
+            raise
         try:
             while True:
                 try:
                     outputs = await stream.next_batch()
                 except Exception as error:
                     info = failure_info(error)
+                    self._spans.ended(request.request_id, info.reason, failed=True)
                     raise ServiceError(info.status, info.reason, info.message) from error
+                self._spans.produced(request.request_id, outputs)
                 for event in token_events(outputs):
                     yield event
                 if outputs[-1].finished:
@@ -58,11 +67,12 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                 # the engine frees the request's blocks before its next step.
                 stream.cancel()
                 self._counters.cancelled_total += 1
+                self._spans.ended(request.request_id, "cancelled")
 
     async def GenerateMany(
         self, request_iterator: AsyncIterator[replica_pb2.GenerateCommand], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[replica_pb2.TokenEventBatch]:
-        requests = MultiplexedRequests(self._engine, self._config, self._counters)
+        requests = MultiplexedRequests(self._engine, self._config, self._counters, self._spans)
         async for batch in serve_multiplexed(request_iterator, requests):
             yield batch
 

@@ -18,6 +18,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
 
 from sluice.router.limits import check_class_prompt_cap, output_budget_tokens
 from sluice.router.metrics import RouterMetrics
@@ -31,11 +34,14 @@ from sluice.router.tenant_gate import DEFAULT_PER_TENANT, TenantGate
 from sluice.engine.block_hash import BlockHash, extend_block_hashes, root_block_hash
 from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
+from sluice.telemetry import spans
+from sluice.telemetry.carrier import inject_trace_context, trace_headers
 from sluice.tokenization.detokenizer import IncrementalDetokenizer
 from sluice.tokenization.stop_strings import StopStringMatcher
 from sluice.v1 import common_pb2, replica_pb2, router_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 
 UNKNOWN_ALIAS = "unknown"
 
@@ -103,7 +109,34 @@ class Relay:
         self._cache_scope = cache_scope or CacheScope()
 
     async def generate(self, request: router_pb2.GenerateRequest) -> AsyncIterator[router_pb2.GenerateEvent]:
+        """The request's events, inside its `router.generate` span (a child
+        of the context the gateway sent with it)."""
+        class_name = "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive"
+        span = tracer.start_span("router.generate", context=spans.request_parent(request.trace_context), attributes={
+            spans.REQUEST_ID: request.request_id, spans.MODEL: request.model if request.model in self._models.aliases
+            else UNKNOWN_ALIAS, spans.SERVICE_CLASS: class_name, spans.TENANT: request.tenant,
+        })
+        outcome = "cancelled"  # unless the stream says otherwise
+        try:
+            async for event in self._generate(request, span):
+                kind = event.WhichOneof("event")
+                if kind == "finished":
+                    outcome = FINISH_NAMES.get(event.finished.finish_reason, "error")
+                    span.set_attribute(spans.OUTPUT_TOKENS, event.finished.usage.output_tokens)
+                elif kind == "error":
+                    outcome = event.error.code or "error"
+                yield event
+        except ServiceError as error:
+            outcome = error.info.reason
+            raise
+        finally:
+            spans.end_with_outcome(span, outcome, failed=outcome not in ("stop", "length", "cancelled"))
+
+    async def _generate(
+        self, request: router_pb2.GenerateRequest, span: Span
+    ) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
+        here = spans.child_context(span)
         # A metric label names a catalog alias, never a string a client sent.
         alias_label = alias if alias in self._models.aliases else UNKNOWN_ALIAS
         try:
@@ -111,10 +144,13 @@ class Relay:
             asked_version = version.spec.version  # the alias's own choice, before any route or fallback
             # Tokenizing and hashing a long prompt take milliseconds: keep the
             # loop free, and one tenant's burst out of the others' way.
-            async with self._tokenize_gate.hold(request.tenant, request.service_class):
-                prompt_ids, block_hashes = await asyncio.to_thread(
-                    _prepare, version, request, self._kv_block_size_tokens,
-                    self._cache_scope.salt_for(request.tenant))
+            with tracer.start_as_current_span("router.tokenize", context=here) as tokenize_span:
+                async with self._tokenize_gate.hold(request.tenant, request.service_class):
+                    prompt_ids, block_hashes = await asyncio.to_thread(
+                        _prepare, version, request, self._kv_block_size_tokens,
+                        self._cache_scope.salt_for(request.tenant))
+                tokenize_span.set_attribute(spans.PROMPT_TOKENS, len(prompt_ids))
+            span.set_attribute(spans.PROMPT_TOKENS, len(prompt_ids))
             class_name = "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive"
             routed_to = route_for(self._models.aliases[alias].routes, len(prompt_ids), request.max_output_tokens,
                                   class_name, request.tenant)
@@ -124,24 +160,27 @@ class Relay:
             max_output = output_budget_tokens(
                 len(prompt_ids), request.max_output_tokens, version.context_length_tokens
             )
-            dispatch = await self._placement.place(
-                scheduler_pb2.Enqueue(
-                    request_id=request.request_id,
-                    tenant=request.tenant,
-                    model_version=version.spec.version,
-                    service_class=request.service_class,
-                    prompt_tokens=len(prompt_ids),
-                    max_output_tokens=version.context_length_tokens - len(prompt_ids),
-                    requested_output_tokens=request.max_output_tokens,
-                    deadline_unix_s=request.deadline_unix_s,
-                    prompt_block_hashes=block_hashes,
-                    block_size_tokens=self._kv_block_size_tokens,
-                    critical=request.critical,
-                    degradable=request.degradable,
-                    fallback_model_version=version.spec.fallback if request.allow_fallback else "",
-                ),
-                self._placement_timeout_s,
+            enqueue = scheduler_pb2.Enqueue(
+                request_id=request.request_id,
+                tenant=request.tenant,
+                model_version=version.spec.version,
+                service_class=request.service_class,
+                prompt_tokens=len(prompt_ids),
+                max_output_tokens=version.context_length_tokens - len(prompt_ids),
+                requested_output_tokens=request.max_output_tokens,
+                deadline_unix_s=request.deadline_unix_s,
+                prompt_block_hashes=block_hashes,
+                block_size_tokens=self._kv_block_size_tokens,
+                critical=request.critical,
+                degradable=request.degradable,
+                fallback_model_version=version.spec.fallback if request.allow_fallback else "",
             )
+            # Admission is the wait for the scheduler's answer: its queue
+            # wait and placement are child spans of this one.
+            with tracer.start_as_current_span("router.admission", context=here) as admission_span:
+                inject_trace_context(enqueue.trace_context, spans.child_context(admission_span))
+                dispatch = await self._placement.place(enqueue, self._placement_timeout_s)
+                admission_span.set_attribute(spans.REPLICA, dispatch.replica_id)
         except ServiceError as error:
             self._metrics.rejections_total.labels(error.info.reason).inc()
             self._metrics.requests_total.labels(alias_label, "rejected").inc()
@@ -167,7 +206,8 @@ class Relay:
             if version.spec.version != asked_version:
                 admitted.model = self._models.alias_of(version.spec.version)
             yield router_pb2.GenerateEvent(admitted=admitted)
-            async for event in self._relay_tokens(request, version, prompt_ids, max_output, dispatch, progress):
+            events = self._relay_tokens(request, version, prompt_ids, max_output, dispatch, progress, here)
+            async for event in events:
                 if event.WhichOneof("event") == "finished":
                     outcome = FINISH_NAMES.get(event.finished.finish_reason, "error")
                 elif event.WhichOneof("event") == "error":
@@ -186,6 +226,7 @@ class Relay:
         max_output: int,
         dispatch: scheduler_pb2.Dispatch,
         progress: "_Progress",
+        parent: Context,
     ) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
         events = self._replicas.session(dispatch.replica_address).open(
@@ -198,6 +239,7 @@ class Relay:
                 fairness_key=request.tenant,
                 lease=dispatch.lease,
                 cache_salt=self._cache_scope.salt_for(request.tenant),
+                trace_context=trace_headers(parent),
             )
         )
         detokenizer = IncrementalDetokenizer(version.tokenizer)

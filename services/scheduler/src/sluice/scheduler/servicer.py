@@ -25,6 +25,7 @@ from sluice.placement.asks import Ask, Dispatched, Queued, Refused, ServiceClass
 from sluice.placement.cluster import ClusterScheduler
 from sluice.placement.replica_choice import ReplicaView
 from sluice.scheduler.metrics import CLASS_NAMES, SchedulerMetrics
+from sluice.scheduler.queue_spans import QueueSpans
 from sluice.v1 import common_pb2, replica_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         metrics: SchedulerMetrics,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        queue_spans: QueueSpans | None = None,
     ) -> None:
         self._core = core
         self._metrics = metrics
@@ -51,6 +53,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._published_at_s = 0.0
         # request id -> (model version, class) of what is queued, for metric labels
         self._labels: dict[str, tuple[str, ServiceClass]] = {}
+        self._spans = queue_spans or QueueSpans()
 
     # -- replica state (from the watcher) ------------------------------------
 
@@ -104,8 +107,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         model, service_class = self._labels.pop(decision.request_id, ("", ServiceClass.INTERACTIVE))
         if isinstance(decision, Refused):
             self._count_refusal(decision, service_class)
+            self._spans.refused(decision.request_id, decision.reason.value)
             placement = _reject(decision)
         else:
+            self._spans.dispatched(decision.request_id, decision.replica_id, decision.reserved_kv_blocks,
+                                   decision.model_version)
             self._metrics.placements_total.labels(decision.replica_id).inc()
             self._metrics.queue_time_seconds.labels(model, CLASS_NAMES[service_class]).observe(decision.queued_s)
             if decision.output_cap_tokens:
@@ -151,6 +157,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             reader.cancel()
             del self._outboxes[owner]
             dropped = self._core.drop_owner(owner)
+            self._spans.drop_owner(owner)
             if dropped:
                 log.info("router stream %s closed; dropped %d queued or placed requests", owner, dropped)
             self._metrics.router_streams_active.dec()
@@ -172,6 +179,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     self._core.started(message.started.request_id, now_s)
                 elif kind == "release":
                     self._labels.pop(message.release.request_id, None)
+                    self._spans.left(message.release.request_id)
                     self._core.release(message.release.request_id, message.release.output_tokens, now_s, owner)
                 self.kick()
         except grpc.aio.AioRpcError as error:
@@ -203,6 +211,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             degradable=enqueue.degradable,
             fallback_model_version=enqueue.fallback_model_version,
         )
+        self._spans.enqueued(enqueue, CLASS_NAMES[service_class], owner)
         outcome = self._core.enqueue(ask, now_s)
         labels = (enqueue.model_version, CLASS_NAMES[service_class])
         if isinstance(outcome, Queued):
@@ -213,6 +222,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if outcome.predicted_start_s is not None:
             self._metrics.predicted_start_seconds.labels(*labels).observe(outcome.predicted_start_s)
         self._count_refusal(outcome, service_class)
+        self._spans.refused(enqueue.request_id, outcome.reason.value)
         outbox.put_nowait(_reject(outcome))
 
 
