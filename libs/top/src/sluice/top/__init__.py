@@ -9,6 +9,7 @@ occupancy per replica, top tenants, rejections by reason, overload stage).
     targets     which /metrics pages to read (flags, env, local defaults)
     scrape      read them all concurrently; a failed one is "down"
     quantile    histogram_quantile over bucket deltas (pure)
+    model       the view model: frozen rows, None for "n/a"
     view        the view model from two scrapes and the time between (pure)
     render      rich tables from the view model
     cli         `sluice top`

@@ -92,7 +92,9 @@ def tenants_table(view: FleetView) -> Table:
 
 def rejections_table(view: FleetView) -> Table:
     source = NA if view.rejections_source is None else f"counted by the {view.rejections_source}"
-    table = _table(f"Rejections ({source})", "reason", "per s", text_columns=1)
+    title = f"Rejections ({source})"
+    table = _table(title, "reason", "per s", text_columns=1)
+    table.min_width = len(title)  # a narrow table would wrap its title
     for row in view.rejections:
         table.add_row(row.reason, f"{row.per_s:.2f}")
     if not view.rejections:
