@@ -237,3 +237,24 @@ modelVersions entry. Returns YAML {versions: [...]}; read it back with fromYaml.
 models
 {{- end }}
 {{- end }}
+
+{{/*
+The rule groups of files/prometheus-rules.yaml (generated from
+deploy/observability/rules.py), each runbook_url prefixed with
+observability.runbookBaseUrl. The PrometheusRule and the plain rules file
+both render this, so the two cannot differ.
+*/}}
+{{- define "sluice.prometheusRuleGroups" -}}
+{{- $rules := .Files.Get "files/prometheus-rules.yaml" | fromYaml }}
+{{- $base := .Values.observability.runbookBaseUrl }}
+{{- range $rules.groups }}
+{{- range .rules }}
+{{- with .annotations }}
+{{- if .runbook_url }}
+{{- $_ := set . "runbook_url" (printf "%s%s" $base .runbook_url) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toYaml $rules.groups }}
+{{- end }}
