@@ -4,6 +4,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -56,7 +57,8 @@ def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None)
         await keys.start()
         router = RouterClient(settings.router_address, max_undelivered_events=settings.stream_buffer_events)
         background = BackgroundTasks()
-        metrics = GatewayMetrics.create(edge_limits.closes if edge_limits is not None else None)
+        metrics = GatewayMetrics.create(edge_limits.closes if edge_limits is not None else None,
+                                        outbox_depth=resources.outbox.pending_count)
         health = resources.limits_health
         metrics.limits_fallback.set_function(lambda: float(health is not None and health.down))
         app.state.gateway = GatewayState(
@@ -93,4 +95,15 @@ def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None)
         Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error},
-                     middleware=[Middleware(CatchAll)])
+                     middleware=[_tracing_middleware(), Middleware(CatchAll)])
+
+
+# Probes and scrapes every few seconds would drown the traces.
+UNTRACED_PATHS = "/metrics$,/health$,/healthz$,/readyz$"
+
+
+def _tracing_middleware() -> Middleware:
+    """The HTTP server span of every request (a no-op span when tracing is
+    off). Its per-message "http send" spans are left out: an SSE stream
+    would get one per chunk."""
+    return Middleware(OpenTelemetryMiddleware, excluded_urls=UNTRACED_PATHS, exclude_spans=["receive", "send"])

@@ -68,3 +68,7 @@ class GatewaySettings(SluiceSettings):
     stream_deadline_batch_s: float = Field(7200.0, gt=0, description="... this for batch (flex), plus ...")
     stream_deadline_per_token_s: float = Field(0.5, gt=0, description="... this per max_tokens (none without it)")
     default_max_tokens: int = Field(0, ge=0, description="max_tokens when a request omits it; 0 = the context's room")
+    # The same variables the scheduler reads: goodput here counts a stream
+    # against the TTFT its class is promised there.
+    interactive_ttft_slo_s: float = Field(2.0, gt=0, description="TTFT within this: the stream met its SLO")
+    batch_ttft_slo_s: float = Field(600.0, gt=0, description="the same for service_tier=flex")

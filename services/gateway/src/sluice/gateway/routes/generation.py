@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -30,13 +31,17 @@ from sluice.gateway.replay import replay_response
 from sluice.gateway.router_client import OpenedStream
 from sluice.gateway.schemas import ChatCompletionRequest, CompletionRequest, parse_body, read_json_body
 from sluice.gateway.state import GatewayState
+from sluice.gateway.stream_timing import StreamTiming
 from sluice.gateway.translate import generate_request
 from sluice.limits import estimate_tokens
 from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
+from sluice.telemetry import spans
+from sluice.telemetry.carrier import inject_trace_context
 from sluice.v1 import common_pb2, router_pb2
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 T = TypeVar("T")
 
 # Output bound assumed for the bucket estimate when max_tokens is omitted;
@@ -107,11 +112,17 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     arrived_s = time.monotonic()
     model_label = UNKNOWN_MODEL  # for the metrics: a catalog name or "unknown", never the client's string
     chat = body_model is ChatCompletionRequest
+    tenant_name: str | None = None
+    span = trace.get_current_span()  # the HTTP server span (OpenTelemetryMiddleware)
     try:
-        tenant = authenticate(request, state.authenticator)
+        with tracer.start_as_current_span("gateway.auth"):
+            tenant = authenticate(request, state.authenticator)
+        tenant_name = tenant.name
+        span.set_attribute(spans.TENANT, tenant.name)
         document = await read_json_body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
         body = parse_body(body_model, document)
         model_label = state.metrics.models.label(body.model)
+        span.set_attributes({spans.MODEL: model_label, spans.SERVICE_CLASS: _tier(body)})
         if body.prompt_chars() > state.settings.max_prompt_chars:
             raise ApiError.of(
                 Reason.CONTEXT_LENGTH_EXCEEDED, f"The prompt is over {state.settings.max_prompt_chars} characters, "
@@ -123,7 +134,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             raise backing_off
         key = idempotency_key_from(request.headers.get("idempotency-key"))
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
-        admitted = await state.front_door.admit(tenant, key, estimate)
+        with tracer.start_as_current_span("gateway.limits"):
+            admitted = await state.front_door.admit(tenant, key, estimate)
         if isinstance(admitted, StoredResponse):
             state.metrics.requests_total.labels(model_label, "200", "replayed").inc()
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -133,6 +145,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         try:
             routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens,
                                       state.stream_deadline)
+            span.set_attribute(spans.REQUEST_ID, ticket.attempt_id)
+            inject_trace_context(routed.trace_context)  # the router's spans join this request's trace
             # A request may queue in the scheduler for a while before its
             # first event: a client that leaves meanwhile must leave the queue.
             opened = await _unless_disconnected(request, state.router.open_stream(routed))
@@ -149,6 +163,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             raise
     except ApiError as error:
         state.metrics.requests_total.labels(model_label, str(error.status), error.code or "error").inc()
+        state.metrics.rejected(error.code, tenant_name)
+        span.set_attribute(spans.OUTCOME, error.code or "error")
         return error.response()
 
     admitted_event = opened.first_event.admitted
@@ -163,10 +179,13 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     # Text is kept for a non-streamed body, and for replay of idempotent requests.
     progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream,
                         service_class=_tier(body))
+    span.set_attribute(spans.PROMPT_TOKENS, admitted_event.prompt_tokens)
+    slo_s = state.settings.batch_ttft_slo_s if _tier(body) == "batch" else state.settings.interactive_ttft_slo_s
+    timing = StreamTiming.start(state.metrics, fmt.model, _tier(body), arrived_s, slo_s)
     if body.stream:
         options = body.stream_options
         relay = _sse_events(
-            state, ticket, opened, progress, arrived_s,
+            state, ticket, opened, progress, timing,
             include_usage=bool(options and options.include_usage),
             continuous_usage=bool(options and options.continuous_usage_stats),
         )
@@ -174,7 +193,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             relay, media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return await _collect(request, state, ticket, opened, progress, arrived_s)
+    return await _collect(request, state, ticket, opened, progress, timing)
 
 
 async def _sse_events(
@@ -182,7 +201,7 @@ async def _sse_events(
     ticket: Ticket,
     opened: OpenedStream,
     progress: Progress,
-    arrived_s: float,
+    timing: StreamTiming,
     *,
     include_usage: bool,
     continuous_usage: bool,
@@ -190,7 +209,6 @@ async def _sse_events(
     fmt = progress.fmt
     state.metrics.streams_active.inc()
     outcome = "cancelled"
-    first_token = True
     try:
         yield sse.event(fmt.chunk("", None, first=True))
         async for event in with_heartbeat(opened.rest, state.settings.keepalive_interval_s):
@@ -202,9 +220,7 @@ async def _sse_events(
                 progress.add(event.delta)
                 if not event.delta.text and not continuous_usage:
                     continue
-                if first_token:
-                    first_token = False
-                    state.metrics.time_to_first_token_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
+                timing.content(time.monotonic())
                 chunk = fmt.chunk(event.delta.text, None)
                 if continuous_usage:
                     chunk["usage"] = usage_body(common_pb2.Usage(
@@ -243,11 +259,13 @@ async def _sse_events(
             state.background.spawn(_finish(state, ticket, progress.unfinished(failed=outcome == "error")))
         state.metrics.streams_active.dec()
         state.metrics.requests_total.labels(fmt.model, "200", outcome).inc()
-        state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
+        timing.finished(time.monotonic(), completed=outcome == "finished")
+        trace.get_current_span().set_attributes({spans.OUTCOME: outcome, spans.OUTPUT_TOKENS: progress.output_tokens})
 
 
 async def _collect(
-    request: Request, state: GatewayState, ticket: Ticket, opened: OpenedStream, progress: Progress, arrived_s: float
+    request: Request, state: GatewayState, ticket: Ticket, opened: OpenedStream, progress: Progress,
+    timing: StreamTiming,
 ) -> Response:
     """Non-streaming: gather the whole answer, but still stop the replica's
     work if the client disconnects while waiting."""
@@ -270,13 +288,17 @@ async def _collect(
     except ApiError as error:
         state.background.spawn(_finish(state, ticket, progress.unfinished(failed=True)))
         state.metrics.requests_total.labels(fmt.model, str(error.status), error.code or "error").inc()
+        state.metrics.rejected(error.code, ticket.tenant.name)
         return error.response()
     result = progress.finished(finished, ticket.owner is not None)
     await state.background.run_to_completion(_finish(state, ticket, result))
     if result.finish_reason is None:
         return ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").response()
     state.metrics.requests_total.labels(fmt.model, "200", "finished").inc()
-    state.metrics.e2e_request_latency_seconds.labels(fmt.model).observe(time.monotonic() - arrived_s)
+    # One body: its first byte is its last, so TTFT is the whole wait.
+    now_s = time.monotonic()
+    timing.content(now_s)
+    timing.finished(now_s, completed=True)
     reason = FINISH_REASONS.get(finished.finish_reason, "stop")
     return JSONResponse(fmt.full_response("".join(progress.parts), reason, finished.usage))
 
@@ -328,11 +350,12 @@ def _tier(body: ChatCompletionRequest | CompletionRequest) -> str:
     return "batch" if body.service_tier == "flex" else "interactive"
 
 
-def _finish(state: GatewayState, ticket: Ticket, outcome: Outcome | None) -> Awaitable[None]:
+async def _finish(state: GatewayState, ticket: Ticket, outcome: Outcome | None) -> None:
     """The front door's accounting for a request that reached a replica; it
     ended, so what the scheduler's tenant caps count has changed."""
     state.backoff.freed(ticket.tenant.name)
-    return state.front_door.finish(ticket, outcome)
+    with tracer.start_as_current_span("gateway.ledger_write", attributes={spans.REQUEST_ID: ticket.attempt_id}):
+        await state.front_door.finish(ticket, outcome)
 
 
 class ClientLeft(Exception):

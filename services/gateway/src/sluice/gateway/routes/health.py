@@ -1,6 +1,7 @@
 """Liveness, readiness and metrics."""
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -23,5 +24,11 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """The Prometheus text format, or OpenMetrics (which alone carries the
+    trace-id exemplars of TTFT and ITL) when the scraper asks for it, as
+    Prometheus does with exemplar storage on."""
     state: GatewayState = request.app.state.gateway
+    if "application/openmetrics-text" in request.headers.get("accept", ""):
+        return Response(openmetrics.generate_latest(state.metrics.registry),
+                        headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
