@@ -14,7 +14,8 @@ class BlockHeavy:
 
 sys.meta_path.insert(0, BlockHeavy())
 import sluice.top
-names = [info.name for info in pkgutil.walk_packages(sluice.top.__path__, 'sluice.top.') if info.name != 'sluice.top.__main__']
+names = [info.name for info in pkgutil.walk_packages(sluice.top.__path__, 'sluice.top.')
+         if info.name != 'sluice.top.__main__']  # it runs the CLI
 for name in names:
     importlib.import_module(name)
 print(len(names))

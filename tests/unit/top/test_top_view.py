@@ -59,7 +59,9 @@ def test_output_tokens_per_second_from_the_replicas_counter():
 
 
 def test_without_replica_pages_the_routers_token_count_stands_in():
-    without_replicas = lambda after: tuple(s for s in fleet(after) if s.target not in (REPLICA_0, REPLICA_1))  # noqa: E731
+    def without_replicas(after: bool):
+        return tuple(s for s in fleet(after) if s.target not in (REPLICA_0, REPLICA_1))
+
     view = build_view(without_replicas(False), without_replicas(True), INTERVAL_S)
     assert row(view.models, model="llama").output_tokens_per_s == pytest.approx(400.0)  # 800 tokens / 2 s
 

@@ -245,5 +245,6 @@ def build_view(previous: FleetScrape, current: FleetScrape, interval_s: float,
         rejections=rejections,
         rejections_source=source,
         output_tokens_per_s=_optional_sum(m.output_tokens_per_s for m in models),
-        replicas_ready=_gauge(next(iter(pages(current, TargetKind.SCHEDULER)), None), "sluice_scheduler_replicas_ready"),
+        replicas_ready=_gauge(next(iter(pages(current, TargetKind.SCHEDULER)), None),
+                              "sluice_scheduler_replicas_ready"),
     )
