@@ -53,3 +53,4 @@ def configure_logging(level: str, fmt: str = "text", service: str = "sluice") ->
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter(service) if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.captureWarnings(True)  # Python warnings as log lines in the same format, not bare stderr

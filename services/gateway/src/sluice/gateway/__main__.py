@@ -26,6 +26,7 @@ def main() -> None:
         host=settings.gateway_host,
         port=settings.gateway_port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's loggers go through ours (SLUICE_LOG_FORMAT), not its own formatters
         timeout_graceful_shutdown=int(settings.shutdown_grace_s),
         access_log=False,
         http=edge_protocol(limits),
