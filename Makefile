@@ -20,7 +20,7 @@ PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 # The native CPU kernels are compiled at install: rebuild when their sources change.
 NATIVE := libs/kernels/setup.py $(wildcard libs/kernels/src/sluice/kernels/_*.c)
 
-.PHONY: install model run test test-unit protos check-protos bench clean
+.PHONY: install model run test test-unit protos check-protos bench clean observability-tools observe
 
 $(VENV)/.installed: $(PYPROJECTS) $(NATIVE) requirements-dev.txt constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,23 @@ model: $(MODEL_DIR)/config.json $(SMALL_MODEL_DIR)/config.json
 run: install model
 	$(PY) -m sluice.devstack --model-dir $(MODEL_DIR)
 
-test: install model
+# promtool (rule checks and unit tests) and prometheus (the scrape test and
+# `make observe`) come from Debian's prometheus package. CI runs as root on
+# Debian; without apt-get this fails loudly rather than skipping the tests.
+# Installing it starts no server where systemd is not running (containers).
+observability-tools:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "promtool/prometheus missing and no apt-get: install Prometheus 2.x (it ships promtool)" >&2; exit 1; fi; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus \
+		|| { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus; }
+
+# A local Prometheus on :9090 scraping a running `make run` stack and
+# evaluating the chart's rules; Grafana: see README, Observability.
+observe: install observability-tools
+	$(PY) deploy/observability/prometheus_local.py
+
+test: install model observability-tools
 	$(PY) scripts/gen_protos.py --check
 	$(PY) -m pytest
 
