@@ -63,9 +63,11 @@ class GatewayMetrics:
     @classmethod
     def create(
         cls, edge_closes: Mapping[str, int] | None = None, outbox_depth: Callable[[], int] | None = None,
+        max_tenant_labels: int = 20,
     ) -> "GatewayMetrics":
         """`edge_closes`: the HTTP edge's counts by reason (http_edge.EdgeLimits.closes);
-        `outbox_depth`: ledger records not yet in the ledger (read on scrape)."""
+        `outbox_depth`: ledger records not yet in the ledger (read on scrape);
+        `max_tenant_labels`: tenants named in labels, the rest are "other"."""
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)  # process_* (CPU, memory, open fds), as every service serves
         PlatformCollector(registry=registry)
@@ -107,6 +109,7 @@ class GatewayMetrics:
                 "1 while the limits store (Redis) is unreachable and this gateway enforces its share in memory",
                 registry=registry,
             ),
+            tenants=TenantLabels(max_tenant_labels),
         )
 
     def rejected(self, reason: str | None, tenant: str | None) -> None:
