@@ -84,6 +84,8 @@ imagePullPolicy: {{ $image.pullPolicy }}
 {{- define "sluice.commonEnv" -}}
 - name: SLUICE_LOG_LEVEL
   value: {{ .root.Values.logLevel | quote }}
+- name: SLUICE_LOG_FORMAT
+  value: {{ .root.Values.logFormat | quote }}
 - name: SLUICE_SHUTDOWN_GRACE_S
   value: {{ int .root.Values.shutdown.graceSeconds | quote }}
 {{- if ne .role "gateway" }}
