@@ -19,6 +19,7 @@ WORKDIR /src
 # Python (sluice-engine, a router dependency, is the torch-free engine core;
 # the model and kernels never come in).
 COPY libs/outcomes libs/outcomes
+COPY libs/telemetry libs/telemetry
 COPY libs/rpc libs/rpc
 COPY libs/config libs/config
 COPY libs/tokenization libs/tokenization
@@ -33,7 +34,7 @@ COPY services/scheduler services/scheduler
 # One resolver run over all local distributions, so `sluice-rpc` etc. are
 # satisfied by the local paths and third-party wheels come from the index.
 RUN pip wheel --wheel-dir /wheels \
-        ./libs/outcomes ./libs/rpc ./libs/config ./libs/tokenization ./libs/engine \
+        ./libs/outcomes ./libs/telemetry ./libs/rpc ./libs/config ./libs/tokenization ./libs/engine \
         ./libs/admission ./libs/placement ./libs/limits ./libs/ledger \
         ./services/gateway ./services/router ./services/scheduler
 
@@ -43,7 +44,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-index --find-links /wheels \
-        sluice-outcomes sluice-rpc sluice-config sluice-tokenization sluice-engine \
+        sluice-outcomes sluice-telemetry sluice-rpc sluice-config sluice-tokenization sluice-engine \
         sluice-admission sluice-placement sluice-limits sluice-ledger \
         sluice-gateway sluice-router sluice-scheduler \
     && python -c "import importlib.util as u; assert u.find_spec('torch') is None, 'torch leaked into the control-plane image'"

@@ -35,12 +35,13 @@ COPY libs/kernels libs/kernels
 COPY libs/model libs/model
 COPY libs/engine libs/engine
 COPY libs/outcomes libs/outcomes
+COPY libs/telemetry libs/telemetry
 COPY libs/rpc libs/rpc
 COPY libs/config libs/config
 COPY services/replica services/replica
 # sluice-rpc needs sluice-outcomes (the reasons every hop shares).
 RUN pip install \
-        ./libs/kernels ./libs/model ./libs/engine ./libs/outcomes ./libs/rpc ./libs/config ./services/replica \
+        ./libs/kernels ./libs/model ./libs/engine ./libs/outcomes ./libs/telemetry ./libs/rpc ./libs/config ./services/replica \
     && rm -rf /src
 # Non-root; the numeric uid matches runAsUser in the Helm chart.
 RUN groupadd --system --gid 10001 sluice \
