@@ -64,9 +64,9 @@ def prometheus_command(config_file: Path, storage_dir: Path, listen: str) -> lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--listen", default="127.0.0.1:9090", help="Prometheus web address")
-    parser.add_argument("--gateway", default=Targets.gateway)
-    parser.add_argument("--router-metrics", default=Targets.router)
-    parser.add_argument("--scheduler-metrics", default=Targets.scheduler)
+    parser.add_argument("--gateway", default=Targets().gateway)
+    parser.add_argument("--router-metrics", default=Targets().router)
+    parser.add_argument("--scheduler-metrics", default=Targets().scheduler)
     parser.add_argument("--replica-metrics", default="9061", help="comma-separated ports (or host:port) of the replicas")
     parser.add_argument("--interval-s", type=float, default=5.0, help="scrape and rule evaluation interval")
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT / ".sluice" / "prometheus")
