@@ -48,3 +48,32 @@ def child_context(span: Span) -> Context:
     """A context whose current span is `span`: what to inject into the next
     hop's message, or to start a child span in."""
     return trace.set_span_in_context(span, Context())
+
+
+class current_span:  # noqa: N801 (used like the tracer's own context managers)
+    """A span around a block, current inside it, ended however it ends.
+
+    A plain class rather than ``tracer.start_as_current_span``: that one is a
+    generator context manager, and an exception leaving it has its
+    ``__traceback__`` rewritten, which a frozen-dataclass exception (the
+    gateway's ApiError) refuses with a TypeError.
+    """
+
+    def __init__(self, tracer: trace.Tracer, name: str, attributes: dict | None = None) -> None:
+        self._tracer = tracer
+        self._name = name
+        self._attributes = attributes
+        self._span: Span | None = None
+        self._token: object | None = None
+
+    def __enter__(self) -> Span:
+        self._span = self._tracer.start_span(self._name, attributes=self._attributes)
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        otel_context.detach(self._token)
+        if exc is not None:
+            self._span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
+        self._span.end()
+        return False

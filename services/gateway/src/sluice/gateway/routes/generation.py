@@ -115,7 +115,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     tenant_name: str | None = None
     span = trace.get_current_span()  # the HTTP server span (OpenTelemetryMiddleware)
     try:
-        with tracer.start_as_current_span("gateway.auth"):
+        with spans.current_span(tracer, "gateway.auth"):
             tenant = authenticate(request, state.authenticator)
         tenant_name = tenant.name
         span.set_attribute(spans.TENANT, tenant.name)
@@ -134,7 +134,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             raise backing_off
         key = idempotency_key_from(request.headers.get("idempotency-key"))
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
-        with tracer.start_as_current_span("gateway.limits"):
+        with spans.current_span(tracer, "gateway.limits"):
             admitted = await state.front_door.admit(tenant, key, estimate)
         if isinstance(admitted, StoredResponse):
             state.metrics.requests_total.labels(model_label, "200", "replayed").inc()
@@ -354,7 +354,7 @@ async def _finish(state: GatewayState, ticket: Ticket, outcome: Outcome | None) 
     """The front door's accounting for a request that reached a replica; it
     ended, so what the scheduler's tenant caps count has changed."""
     state.backoff.freed(ticket.tenant.name)
-    with tracer.start_as_current_span("gateway.ledger_write", attributes={spans.REQUEST_ID: ticket.attempt_id}):
+    with spans.current_span(tracer, "gateway.ledger_write", {spans.REQUEST_ID: ticket.attempt_id}):
         await state.front_door.finish(ticket, outcome)
 
 
