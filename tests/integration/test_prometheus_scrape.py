@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -147,15 +148,18 @@ def drive_load(stack) -> None:
 
 
 def wait_for_scrapes_after(url: str, moment_s: float, scrapes: int, timeout_s: float) -> None:
-    """Until every target was scraped `scrapes` intervals after `moment_s` (and
-    the rules evaluated on it)."""
+    """Until every target had `scrapes` successful scrapes after `moment_s`
+    (and the rules one evaluation on them). Counting successes, not the last
+    timestamp: on a busy machine a scrape may time out, and a rate needs two
+    samples."""
     deadline = time.monotonic() + timeout_s
     while True:
-        result = query(url, "min(timestamp(up)) and min(up) == 1")["data"]["result"]
-        if result and float(result[0]["value"][1]) > moment_s + scrapes * SCRAPE_INTERVAL_S:
+        since_s = max(1, math.ceil(time.time() - moment_s))
+        result = query(url, f"min(sum_over_time(up[{since_s}s]))")["data"]["result"]
+        if result and float(result[0]["value"][1]) >= scrapes:
             time.sleep(SCRAPE_INTERVAL_S)  # one more rule evaluation
             return
-        assert time.monotonic() < deadline, f"targets not all up and scraped: {query(url, 'up')}"
+        assert time.monotonic() < deadline, f"targets not all scraped {scrapes} times: {query(url, 'up')}"
         time.sleep(0.25)
 
 
