@@ -129,3 +129,16 @@ def test_openmetrics_scrape_shows_the_trace_as_exemplar(traced_stack, traced_req
     plain = httpx.get(traced_stack.gateway_url + "/metrics", timeout=5.0)
     assert plain.headers["content-type"].startswith("text/plain")
     assert "trace_id" not in plain.text
+
+
+def test_a_refusal_is_counted_by_reason_and_tenant(traced_stack):
+    def rejections() -> float:
+        page = httpx.get(traced_stack.gateway_url + "/metrics", timeout=5.0).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+                   if line.startswith('sluice_gateway_rejections_total{reason="invalid_api_key",tenant="unknown"}'))
+
+    before = rejections()
+    bad = openai.OpenAI(base_url=traced_stack.gateway_url + "/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert rejections() == before + 1
