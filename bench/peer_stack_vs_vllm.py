@@ -8,19 +8,29 @@ TTFT for both and the ratios (issue targets: tok/s ratio >= 1.0, p99 TTFT
 no worse).
 
 Needs the peer environment (PEER_DIR, default ~/peer) from
-../shared/bench-peer/install.sh; without it, says so and exits 0.
+../shared/bench-peer/install.sh; without it, says so and exits 0. Every
+round is printed; the ratios compare medians over the rounds (best-of is
+noisy in both directions).
 
-    .venv/bin/python bench/peer_stack_vs_vllm.py [--rounds 1]
+--tracing-overhead runs no vLLM: Sluice rounds alternate with tracing off
+and on (OpenTelemetry spans exported over OTLP/HTTP to a sink in this
+process that accepts and counts them), and prints the ratio of median
+output tok/s and p99 TTFT, on / off (target: within 5%). The load client
+runs on the peer's Python when there is one, else on this one (it needs
+httpx and transformers, both in the dev venv).
+
+    .venv/bin/python bench/peer_stack_vs_vllm.py [--rounds 3] [--tracing-overhead]
 """
 
 import argparse
 import json
 import os
-import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from sluice.devstack.stack import LocalStack, StackPorts
@@ -40,8 +50,9 @@ def run_load(peer_python: Path, url: str, model_dir: Path, api_key: str, label: 
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def sluice_round(peer_python: Path, model_dir: Path, log_dir: Path) -> dict:
-    stack = LocalStack(model_dir=model_dir, log_dir=log_dir, ports=StackPorts.ephemeral(), cwd=log_dir)
+def sluice_round(peer_python: Path, model_dir: Path, log_dir: Path, env: dict[str, str] | None = None) -> dict:
+    stack = LocalStack(model_dir=model_dir, log_dir=log_dir, ports=StackPorts.ephemeral(), cwd=log_dir,
+                       extra_env=env or {})
     stack.start()
     try:
         stack.wait_ready(timeout_s=180)
@@ -64,36 +75,108 @@ def vllm_round(peer_dir: Path, peer_python: Path, model_dir: Path) -> dict:
         subprocess.run(["bash", str(BENCH_PEER / "stop_vllm.sh")], env=env, timeout=120)
 
 
+class SpanSink:
+    """An OTLP/HTTP endpoint on loopback that accepts every export (200) and
+    counts requests and bytes: the exporter's whole cost, none of a collector's."""
+
+    def __init__(self) -> None:
+        sink = self
+        self.requests = self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                sink.requests += 1
+                sink.bytes += len(body)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "SpanSink":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+
+
+def describe(run: dict) -> str:
+    return (f"{run['output_tok_per_s']:,.0f} tok/s, p99 TTFT {run['ttft_ms']['p99']:.0f} ms, "
+            f"TPOT median {run['tpot_ms']['median']:.1f} ms, errors {run['errors']}")
+
+
+def medians(runs: list[dict]) -> tuple[float, float, float]:
+    return (statistics.median(r["output_tok_per_s"] for r in runs),
+            statistics.median(r["ttft_ms"]["p99"] for r in runs),
+            statistics.median(r["tpot_ms"]["median"] for r in runs))
+
+
+def tracing_overhead(load_python: Path, model_dir: Path, rounds: int) -> int:
+    results: dict[str, list[dict]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as tmp, SpanSink() as sink:
+        on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
+        for index in range(rounds):
+            for mode, env in (("off", {}), ("on", on_env)):
+                run = sluice_round(load_python, model_dir, Path(tmp) / f"{mode}-{index}", env)
+                results[mode].append(run)
+                print(f"round {index + 1} tracing {mode:3}: {describe(run)}", flush=True)
+    off, on = medians(results["off"]), medians(results["on"])
+    tok_ratio, ttft_ratio = on[0] / off[0], on[1] / off[1]
+    print(f"medians: tracing off {off[0]:,.0f} tok/s, p99 TTFT {off[1]:.0f} ms; "
+          f"on {on[0]:,.0f} tok/s, p99 TTFT {on[1]:.0f} ms; spans exported in {sink.requests} requests, "
+          f"{sink.bytes / 1e6:.1f} MB")
+    print(f"ratio tracing on / off: throughput {tok_ratio:.3f}x, p99 TTFT {ttft_ratio:.3f}x (target: within 5%)")
+    print(json.dumps({"bench": "stack_tracing_overhead", "throughput_ratio": round(tok_ratio, 3),
+                      "p99_ttft_ratio": round(ttft_ratio, 3), "rounds": rounds,
+                      "off": results["off"], "on": results["on"], "export_requests": sink.requests}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", type=Path, default=ROOT / ".sluice/models/tiny-llama")
     parser.add_argument("--peer-dir", type=Path, default=Path(os.environ.get("PEER_DIR", Path.home() / "peer")))
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--tracing-overhead", action="store_true",
+                        help="no vLLM: Sluice with tracing off and on, alternating rounds")
     args = parser.parse_args()
     peer_python = args.peer_dir / "venv" / "bin" / "python"
+    model_dir = args.model_dir.resolve()
+    if not (BENCH_PEER / "load.py").exists():
+        print(f"no load client at {BENCH_PEER / 'load.py'}; skipping")
+        return 0
+    if args.tracing_overhead:
+        return tracing_overhead(peer_python if peer_python.exists() else Path(sys.executable), model_dir, args.rounds)
     if not peer_python.exists():
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
-    model_dir = args.model_dir.resolve()
     results: dict[str, list[dict]] = {"sluice": [], "vllm": []}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             results["sluice"].append(sluice_round(peer_python, model_dir, Path(tmp) / f"sluice-{round_index}"))
+            print(f"round {round_index + 1} sluice: {describe(results['sluice'][-1])}", flush=True)
             results["vllm"].append(vllm_round(args.peer_dir, peer_python, model_dir))
-    best = {name: max(runs, key=lambda r: r["output_tok_per_s"]) for name, runs in results.items()}
-    s, v = best["sluice"], best["vllm"]
-    tok_ratio = s["output_tok_per_s"] / v["output_tok_per_s"]
-    ttft_ratio = s["ttft_ms"]["p99"] / v["ttft_ms"]["p99"]
-    print(f"sluice: {s['output_tok_per_s']:,.0f} output tok/s, TTFT p99 {s['ttft_ms']['p99']:.0f} ms, "
-          f"TPOT median {s['tpot_ms']['median']:.1f} ms, errors {s['errors']}")
-    print(f"vllm  : {v['output_tok_per_s']:,.0f} output tok/s, TTFT p99 {v['ttft_ms']['p99']:.0f} ms, "
-          f"TPOT median {v['tpot_ms']['median']:.1f} ms, errors {v['errors']}")
-    for name, runs in results.items():
-        print(f"{name} rounds: " + ", ".join(
-            f"{r['output_tok_per_s']:,.0f} tok/s / p99 TTFT {r['ttft_ms']['p99']:.0f} ms" for r in runs))
-    print(f"ratio sluice / vllm: throughput {tok_ratio:.2f}x (target >= 1.0), p99 TTFT {ttft_ratio:.2f}x (target <= 1.0)")
+            print(f"round {round_index + 1} vllm  : {describe(results['vllm'][-1])}", flush=True)
+    s, v = medians(results["sluice"]), medians(results["vllm"])
+    tok_ratio, ttft_ratio, tpot_ratio = s[0] / v[0], s[1] / v[1], s[2] / v[2]
+    print(f"medians over {args.rounds} rounds: sluice {s[0]:,.0f} tok/s, p99 TTFT {s[1]:.0f} ms, TPOT {s[2]:.1f} ms; "
+          f"vllm {v[0]:,.0f} tok/s, p99 TTFT {v[1]:.0f} ms, TPOT {v[2]:.1f} ms")
+    print(f"ratio sluice / vllm (medians): throughput {tok_ratio:.2f}x, p99 TTFT {ttft_ratio:.2f}x, "
+          f"TPOT {tpot_ratio:.2f}x")
     print(json.dumps({"bench": "stack_vs_vllm", "throughput_ratio": round(tok_ratio, 3),
-                      "p99_ttft_ratio": round(ttft_ratio, 3), "sluice": s, "vllm": v}))
+                      "p99_ttft_ratio": round(ttft_ratio, 3), "tpot_ratio": round(tpot_ratio, 3),
+                      "rounds": args.rounds, "sluice": results["sluice"], "vllm": results["vllm"]}))
     return 0
 
 
