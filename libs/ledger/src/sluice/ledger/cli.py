@@ -9,7 +9,9 @@
                       [--batch-discount D] [--currency USD]
     sluice prices list
     sluice usage --tenant NAME [--start ISO] [--end ISO]
-    sluice sim ...      the simulator and planner (sluice.sim.cli; `sluice sim --help`)
+    sluice sim ...      the simulator (sluice.sim.cli; `sluice sim --help`)
+    sluice plan ...     the capacity planner (sluice.sim.plan_cli)
+    sluice top ...      a live terminal view of the fleet's /metrics (sluice.top.cli)
 
 The database is SLUICE_DATABASE_URL, or `.sluice/ledger.db` under the current
 directory. Every command migrates first, so a fresh database just works.
@@ -123,7 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             module = importlib.import_module(DELEGATED[argv[0]])
         except ModuleNotFoundError:
-            print(f"sluice {argv[0]}: install the sluice-sim distribution (libs/sim)", file=sys.stderr)
+            distribution = DELEGATED[argv[0]].split(".")[1]  # sluice.sim.cli -> sim
+            print(f"sluice {argv[0]}: install the sluice-{distribution} distribution (libs/{distribution})",
+                  file=sys.stderr)
             return 2
         return module.main(argv[1:])
     args = build_parser().parse_args(argv)
