@@ -69,7 +69,7 @@ class RoutedRequests:
         except ServiceError as error:  # refused before its first event
             self._emit(router_pb2.RoutedEvent(request_id=request_id, failed=request_failed(error.info)))
         except Exception:
-            log.exception("relay of request %s failed", request_id)
+            log.exception("relay of request %s failed", request_id, extra={"request_id": request_id})
             error = ServiceError.of(Reason.INTERNAL_ERROR, "the router failed the request")
             self._emit(router_pb2.RoutedEvent(request_id=request_id, failed=request_failed(error.info)))
         finally:
