@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from opentelemetry import context as otel_context
+
 from sluice.outcomes import Reason
 from sluice.router.relay import Relay
 from sluice.rpc.errors import ServiceError, request_failed
+from sluice.telemetry import spans
 from sluice.v1 import router_pb2
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,10 @@ class RoutedRequests:
 
     async def _run(self, request: router_pb2.GenerateRequest) -> None:
         request_id = request.request_id
+        # This task is the request's alone: its context is the one the
+        # request's message carries, so this hop's log lines name its trace.
+        # (Never detached: the task's context copy ends with it.)
+        otel_context.attach(spans.request_parent(request.trace_context))
         try:
             async for event in self._relay.generate(request):
                 self._emit(router_pb2.RoutedEvent(request_id=request_id, event=event))
