@@ -13,7 +13,7 @@ round is printed; the ratios compare medians over the rounds (best-of is
 noisy in both directions).
 
 --tracing-overhead runs no vLLM: Sluice rounds alternate with tracing off
-and on (OpenTelemetry spans exported over OTLP/HTTP to a sink in this
+and on, in ABBA order (OpenTelemetry spans exported over OTLP/HTTP to a sink in this
 process that accepts and counts them), and prints the ratio of median
 output tok/s and p99 TTFT, on / off (target: within 5%). The load client
 runs on the peer's Python when there is one, else on this one (it needs
@@ -127,7 +127,11 @@ def tracing_overhead(load_python: Path, model_dir: Path, rounds: int) -> int:
     with tempfile.TemporaryDirectory() as tmp, SpanSink() as sink:
         on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
         for index in range(rounds):
-            for mode, env in (("off", {}), ("on", on_env)):
+            # Off first in odd rounds, on first in even ones: the second run
+            # of a pair ran measurably faster (page cache, clocks), which a
+            # fixed order would credit to one side.
+            pair = (("off", {}), ("on", on_env))
+            for mode, env in pair if index % 2 == 0 else pair[::-1]:
                 run = sluice_round(load_python, model_dir, Path(tmp) / f"{mode}-{index}", env)
                 results[mode].append(run)
                 print(f"round {index + 1} tracing {mode:3}: {describe(run)}", flush=True)
