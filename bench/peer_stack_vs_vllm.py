@@ -122,10 +122,15 @@ def medians(runs: list[dict]) -> tuple[float, float, float]:
             statistics.median(r["tpot_ms"]["median"] for r in runs))
 
 
-def tracing_overhead(load_python: Path, model_dir: Path, rounds: int) -> int:
+def tracing_overhead(load_python: Path, model_dir: Path, rounds: int, sample_ratio: float) -> int:
     results: dict[str, list[dict]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp, SpanSink() as sink:
-        on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
+        # The SDK's standard sampler variables: every trace, or a share of
+        # them (a request keeps its gateway's decision on every hop).
+        sampler = ({"OTEL_TRACES_SAMPLER": "always_on"} if sample_ratio >= 1.0 else
+                   {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(sample_ratio)})
+        on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, **sampler}
+        print(f"tracing on = {sampler}", flush=True)
         for index in range(rounds):
             # Off first in odd rounds, on first in even ones: the second run
             # of a pair ran measurably faster (page cache, clocks), which a
@@ -142,7 +147,7 @@ def tracing_overhead(load_python: Path, model_dir: Path, rounds: int) -> int:
           f"{sink.bytes / 1e6:.1f} MB")
     print(f"ratio tracing on / off: throughput {tok_ratio:.3f}x, p99 TTFT {ttft_ratio:.3f}x (target: within 5%)")
     print(json.dumps({"bench": "stack_tracing_overhead", "throughput_ratio": round(tok_ratio, 3),
-                      "p99_ttft_ratio": round(ttft_ratio, 3), "rounds": rounds,
+                      "p99_ttft_ratio": round(ttft_ratio, 3), "rounds": rounds, "sample_ratio": sample_ratio,
                       "off": results["off"], "on": results["on"], "export_requests": sink.requests}))
     return 0
 
@@ -154,6 +159,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tracing-overhead", action="store_true",
                         help="no vLLM: Sluice with tracing off and on, alternating rounds")
+    parser.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                        help="with --tracing-overhead: the share of requests traced (default 1: all)")
     args = parser.parse_args()
     peer_python = args.peer_dir / "venv" / "bin" / "python"
     model_dir = args.model_dir.resolve()
@@ -161,7 +168,8 @@ def main() -> int:
         print(f"no load client at {BENCH_PEER / 'load.py'}; skipping")
         return 0
     if args.tracing_overhead:
-        return tracing_overhead(peer_python if peer_python.exists() else Path(sys.executable), model_dir, args.rounds)
+        return tracing_overhead(peer_python if peer_python.exists() else Path(sys.executable), model_dir,
+                                args.rounds, args.trace_sample_ratio)
     if not peer_python.exists():
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
