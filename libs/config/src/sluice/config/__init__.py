@@ -3,6 +3,6 @@ validated once at start-up (pydantic-settings). Each service declares its
 own settings class on top of `SluiceSettings`; the names here are the ones
 several services must agree on."""
 
-from sluice.config.settings import SluiceSettings, configure_logging
+from sluice.config.settings import SluiceSettings
 
-__all__ = ["SluiceSettings", "configure_logging"]
+__all__ = ["SluiceSettings"]

@@ -34,12 +34,3 @@ class SluiceSettings(BaseSettings):
         256, ge=1, description="events one stream may hold for a reader that fell behind; past it the request "
         "is cancelled upstream and ends with slow_reader",
     )
-
-
-def configure_logging(level: str, fmt: str = "text", service: str = "sluice") -> None:
-    """The root logger of a service process: SLUICE_LOG_LEVEL and
-    SLUICE_LOG_FORMAT (text or json, see sluice.telemetry.json_logs)."""
-    # Imported here so reading settings does not load OpenTelemetry.
-    from sluice.telemetry.json_logs import configure_logging as configure
-
-    configure(level, fmt, service)

@@ -2,17 +2,14 @@
 
 import uvicorn
 
-from sluice.config import configure_logging
 from sluice.gateway.app import create_app
 from sluice.gateway.http_edge import EdgeLimits, edge_protocol
 from sluice.gateway.settings import GatewaySettings
-from sluice.telemetry.tracing import configure_tracing
+from sluice.telemetry.process import service_telemetry
 
 
 def main() -> None:
     settings = GatewaySettings()
-    configure_logging(settings.log_level, settings.log_format, "gateway")
-    tracing = configure_tracing("sluice-gateway")
     # uvicorn handles SIGTERM: stop accepting, let responses finish for up
     # to the grace period, then close what is left (cancelling streams).
     limits = EdgeLimits(
@@ -21,20 +18,19 @@ def main() -> None:
         max_connections_per_client=settings.http_max_connections_per_client,
         write_timeout_s=settings.http_write_timeout_s,
     )
-    uvicorn.run(
-        create_app(settings, limits),
-        host=settings.gateway_host,
-        port=settings.gateway_port,
-        log_level=settings.log_level.lower(),
-        log_config=None,  # uvicorn's loggers go through ours (SLUICE_LOG_FORMAT), not its own formatters
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-        access_log=False,
-        http=edge_protocol(limits),
-        timeout_keep_alive=int(settings.http_keep_alive_timeout_s),
-        h11_max_incomplete_event_size=settings.http_max_header_bytes,
-    )
-    if tracing is not None:
-        tracing.shutdown()  # flush the spans still batched
+    with service_telemetry("gateway", settings.log_level, settings.log_format):
+        uvicorn.run(
+            create_app(settings, limits),
+            host=settings.gateway_host,
+            port=settings.gateway_port,
+            log_level=settings.log_level.lower(),
+            log_config=None,  # uvicorn's loggers go through ours (SLUICE_LOG_FORMAT), not its own formatters
+            timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+            access_log=False,
+            http=edge_protocol(limits),
+            timeout_keep_alive=int(settings.http_keep_alive_timeout_s),
+            h11_max_incomplete_event_size=settings.http_max_header_bytes,
+        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from pathlib import Path
 import torch
 from prometheus_client import start_http_server
 
-from sluice.config import configure_logging
 from sluice.engine.block_manager import BlockManager
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
 from sluice.model.attention import default_backend, preferred_kv_layout
@@ -26,7 +25,7 @@ from sluice.replica.servicer import ReplicaServicer
 from sluice.replica.settings import ReplicaSettings
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.v1 import replica_pb2, replica_pb2_grpc
-from sluice.telemetry.tracing import configure_tracing
+from sluice.telemetry.process import service_telemetry
 
 log = logging.getLogger("sluice.replica")
 
@@ -114,13 +113,8 @@ async def serve(settings: ReplicaSettings) -> None:
 
 def main() -> None:
     settings = ReplicaSettings()
-    configure_logging(settings.log_level, settings.log_format, "replica")
-    tracing = configure_tracing("sluice-replica")
-    try:
+    with service_telemetry("replica", settings.log_level, settings.log_format):
         asyncio.run(serve(settings))
-    finally:
-        if tracing is not None:
-            tracing.shutdown()  # flush the spans still batched
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from sluice.config import configure_logging
 from sluice.router.catalog import load_catalog, single_model_catalog
 from sluice.router.metrics import RouterMetrics
 from sluice.router.models import ModelRegistry
@@ -24,7 +23,7 @@ from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
-from sluice.telemetry.tracing import configure_tracing
+from sluice.telemetry.process import service_telemetry
 
 log = logging.getLogger("sluice.router")
 
@@ -95,13 +94,8 @@ async def _report_readiness(
 
 def main() -> None:
     settings = RouterSettings()
-    configure_logging(settings.log_level, settings.log_format, "router")
-    tracing = configure_tracing("sluice-router")
-    try:
+    with service_telemetry("router", settings.log_level, settings.log_format):
         asyncio.run(serve(settings))
-    finally:
-        if tracing is not None:
-            tracing.shutdown()  # flush the spans still batched
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ import logging
 
 from prometheus_client import start_http_server
 
-from sluice.config import configure_logging
 from sluice.placement.cluster import ClusterScheduler
 from sluice.rpc.health_names import SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
@@ -14,7 +13,7 @@ from sluice.scheduler.replica_watch import ReplicaWatcher
 from sluice.scheduler.servicer import SchedulerServicer
 from sluice.scheduler.settings import SchedulerSettings
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
-from sluice.telemetry.tracing import configure_tracing
+from sluice.telemetry.process import service_telemetry
 
 log = logging.getLogger("sluice.scheduler")
 
@@ -52,13 +51,8 @@ async def _report_readiness(server: HealthServer, watcher: ReplicaWatcher, inter
 
 def main() -> None:
     settings = SchedulerSettings()
-    configure_logging(settings.log_level, settings.log_format, "scheduler")
-    tracing = configure_tracing("sluice-scheduler")
-    try:
+    with service_telemetry("scheduler", settings.log_level, settings.log_format):
         asyncio.run(serve(settings))
-    finally:
-        if tracing is not None:
-            tracing.shutdown()  # flush the spans still batched
 
 
 if __name__ == "__main__":
