@@ -17,10 +17,11 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from sluice.engine.plan import RequestOutput
+from sluice.engine.request import ServiceClass
+from sluice.replica.engine_metrics import CLASS_NAMES
+from sluice.replica.requests import SERVICE_CLASSES
 from sluice.telemetry import spans
-from sluice.v1 import common_pb2, replica_pb2
-
-CLASS_NAMES = {common_pb2.SERVICE_CLASS_BATCH: "batch"}  # anything else is interactive
+from sluice.v1 import replica_pb2
 
 
 @dataclass(slots=True)
@@ -40,7 +41,7 @@ class RequestSpans:
         parent = spans.request_parent(request.trace_context)
         span = self._tracer.start_span("replica.prefill", context=parent, attributes={
             **self._attributes, spans.REQUEST_ID: request.request_id,
-            spans.SERVICE_CLASS: CLASS_NAMES.get(request.service_class, "interactive"),
+            spans.SERVICE_CLASS: CLASS_NAMES[SERVICE_CLASSES.get(request.service_class, ServiceClass.INTERACTIVE)],
             spans.PROMPT_TOKENS: len(request.prompt_token_ids),
         })
         if span.is_recording():

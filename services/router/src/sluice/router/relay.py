@@ -112,13 +112,15 @@ class Relay:
         """The request's events, inside its `router.generate` span (a child
         of the context the gateway sent with it)."""
         class_name = "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive"
+        # A metric label names a catalog alias, never a string a client sent.
+        alias_label = request.model if request.model in self._models.aliases else UNKNOWN_ALIAS
         span = tracer.start_span("router.generate", context=spans.request_parent(request.trace_context), attributes={
-            spans.REQUEST_ID: request.request_id, spans.MODEL: request.model if request.model in self._models.aliases
-            else UNKNOWN_ALIAS, spans.SERVICE_CLASS: class_name, spans.TENANT: request.tenant,
+            spans.REQUEST_ID: request.request_id, spans.MODEL: alias_label, spans.SERVICE_CLASS: class_name,
+            spans.TENANT: request.tenant,
         })
         outcome = "cancelled"  # unless the stream says otherwise
         try:
-            async for event in self._generate(request, span):
+            async for event in self._generate(request, span, class_name, alias_label):
                 kind = event.WhichOneof("event")
                 if kind == "finished":
                     outcome = FINISH_NAMES.get(event.finished.finish_reason, "error")
@@ -133,12 +135,10 @@ class Relay:
             spans.end_with_outcome(span, outcome, failed=outcome not in ("stop", "length", "cancelled"))
 
     async def _generate(
-        self, request: router_pb2.GenerateRequest, span: Span
+        self, request: router_pb2.GenerateRequest, span: Span, class_name: str, alias_label: str,
     ) -> AsyncIterator[router_pb2.GenerateEvent]:
         alias = request.model
         here = spans.child_context(span)
-        # A metric label names a catalog alias, never a string a client sent.
-        alias_label = alias if alias in self._models.aliases else UNKNOWN_ALIAS
         try:
             version = self._models.resolve(alias, request.request_id)
             asked_version = version.spec.version  # the alias's own choice, before any route or fallback
@@ -151,7 +151,6 @@ class Relay:
                         self._cache_scope.salt_for(request.tenant))
                 tokenize_span.set_attribute(spans.PROMPT_TOKENS, len(prompt_ids))
             span.set_attribute(spans.PROMPT_TOKENS, len(prompt_ids))
-            class_name = "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive"
             routed_to = route_for(self._models.aliases[alias].routes, len(prompt_ids), request.max_output_tokens,
                                   class_name, request.tenant)
             if routed_to is not None:

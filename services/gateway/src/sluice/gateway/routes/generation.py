@@ -122,13 +122,13 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         document = await read_json_body(request, state.settings.max_body_bytes, state.settings.http_body_timeout_s)
         body = parse_body(body_model, document)
         model_label = state.metrics.models.label(body.model)
-        span.set_attributes({spans.MODEL: model_label, spans.SERVICE_CLASS: _tier(body)})
+        tier = _tier(body)
+        span.set_attributes({spans.MODEL: model_label, spans.SERVICE_CLASS: tier})
         if body.prompt_chars() > state.settings.max_prompt_chars:
             raise ApiError.of(
                 Reason.CONTEXT_LENGTH_EXCEEDED, f"The prompt is over {state.settings.max_prompt_chars} characters, "
                 "more than any model here can take.", param="messages",
             )
-        tier = _tier(body)
         backing_off = state.backoff.check(tenant.name, body.model, tier)
         if backing_off is not None:
             raise backing_off
@@ -178,10 +178,10 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     fmt = ResponseFormat.for_request(ticket.attempt_id, served_model, admitted_event.model_version, chat)
     # Text is kept for a non-streamed body, and for replay of idempotent requests.
     progress = Progress(fmt, admitted_event.prompt_tokens, keep_text=key is not None or not body.stream,
-                        service_class=_tier(body))
+                        service_class=tier)
     span.set_attribute(spans.PROMPT_TOKENS, admitted_event.prompt_tokens)
-    slo_s = state.settings.batch_ttft_slo_s if _tier(body) == "batch" else state.settings.interactive_ttft_slo_s
-    timing = StreamTiming.start(state.metrics, fmt.model, _tier(body), arrived_s, slo_s)
+    slo_s = state.settings.batch_ttft_slo_s if tier == "batch" else state.settings.interactive_ttft_slo_s
+    timing = StreamTiming.start(state.metrics, fmt.model, tier, arrived_s, slo_s)
     if body.stream:
         options = body.stream_options
         relay = _sse_events(
