@@ -22,6 +22,9 @@ from pathlib import Path
 
 import yaml
 
+from sluice.devstack.stack import StackPorts
+
+LOCAL = StackPorts()  # make run's ports
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = REPO_ROOT / "deploy" / "helm" / "sluice" / "files" / "prometheus-rules.yaml"
 DASHBOARDS_DIR = REPO_ROOT / "deploy" / "helm" / "sluice" / "dashboards"
@@ -31,10 +34,10 @@ DASHBOARDS_DIR = REPO_ROOT / "deploy" / "helm" / "sluice" / "dashboards"
 class Targets:
     """host:port of each service's /metrics."""
 
-    gateway: str = "127.0.0.1:8000"
-    router: str = "127.0.0.1:9051"
-    scheduler: str = "127.0.0.1:9052"
-    replicas: tuple[str, ...] = ("127.0.0.1:9061",)
+    gateway: str = f"127.0.0.1:{LOCAL.gateway}"
+    router: str = f"127.0.0.1:{LOCAL.router_metrics}"
+    scheduler: str = f"127.0.0.1:{LOCAL.scheduler_metrics}"
+    replicas: tuple[str, ...] = (f"127.0.0.1:{LOCAL.replica_metrics}",)
 
 
 def scrape_config(targets: Targets, *, interval_s: float, rules_file: Path = RULES_FILE) -> dict:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway", default=Targets().gateway)
     parser.add_argument("--router-metrics", default=Targets().router)
     parser.add_argument("--scheduler-metrics", default=Targets().scheduler)
-    parser.add_argument("--replica-metrics", default="9061", help="comma-separated ports (or host:port) of the replicas")
+    parser.add_argument("--replica-metrics", default=str(LOCAL.replica_metrics), help="comma-separated ports (or host:port) of the replicas")
     parser.add_argument("--interval-s", type=float, default=5.0, help="scrape and rule evaluation interval")
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT / ".sluice" / "prometheus")
     args = parser.parse_args(argv)

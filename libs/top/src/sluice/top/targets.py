@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from sluice.devstack.stack import StackPorts
+
 
 class TargetKind(str, Enum):
     SCHEDULER = "scheduler"
@@ -25,10 +27,11 @@ class Target:
     url: str
 
 
-DEFAULT_SCHEDULER_URL = "http://127.0.0.1:9052/metrics"
-DEFAULT_ROUTER_URL = "http://127.0.0.1:9051/metrics"
-DEFAULT_GATEWAY_URL = "http://127.0.0.1:8000/metrics"
-DEFAULT_REPLICA_URLS = ("http://127.0.0.1:9061/metrics",)
+_LOCAL = StackPorts()  # make run's ports
+DEFAULT_SCHEDULER_URL = f"http://127.0.0.1:{_LOCAL.scheduler_metrics}/metrics"
+DEFAULT_ROUTER_URL = f"http://127.0.0.1:{_LOCAL.router_metrics}/metrics"
+DEFAULT_GATEWAY_URL = f"http://127.0.0.1:{_LOCAL.gateway}/metrics"
+DEFAULT_REPLICA_URLS = (f"http://127.0.0.1:{_LOCAL.replica_metrics}/metrics",)
 
 # One variable per flag; SLUICE_TOP_REPLICA_URLS is comma-separated.
 ENV_SCHEDULER_URL = "SLUICE_TOP_SCHEDULER_URL"
