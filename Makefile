@@ -41,8 +41,14 @@ $(SMALL_MODEL_DIR)/config.json: | $(VENV)/.installed
 
 model: $(MODEL_DIR)/config.json $(SMALL_MODEL_DIR)/config.json
 
+# `make run CATALOG=two-versions [WEIGHTS=90,10]`: the alias tiny-llama
+# served by tiny-llama-v1 (MODEL_DIR) and tiny-llama-v2 (SMALL_MODEL_DIR),
+# one replica each, weights editable live in .sluice/catalog.json.
+CATALOG ?= one-version
+WEIGHTS ?= 90,10
 run: install model
-	$(PY) -m sluice.devstack --model-dir $(MODEL_DIR)
+	$(PY) -m sluice.devstack --model-dir $(MODEL_DIR) --catalog $(CATALOG) \
+		--small-model-dir $(SMALL_MODEL_DIR) --weights $(WEIGHTS)
 
 # promtool (rule checks and unit tests) and prometheus (the scrape test and
 # `make observe`) come from Debian's prometheus package. CI runs as root on

@@ -8,6 +8,11 @@ Replica i (0-based) is the process `replica_name(i)`: "replica" for the
 first (so one-replica stacks look as they always did), "replica-1", ...
 after it; its replica id is "replica-<i>", its ports `ports.replica_port(i)`
 and `ports.replica_metrics_port(i)`, its log `<log_dir>/<name>.log`.
+
+With a `catalog` (sluice.devstack.catalog), the router reads it from
+`models_file` (written at start) and replica i serves version
+`catalog.versions[i % len(versions)]`: one replica per version at least.
+Without one, every process serves SLUICE_MODEL_DIR as the one version.
 """
 
 import contextlib
@@ -22,6 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
+
+from sluice.devstack.catalog import CatalogVersion, LocalCatalog
 
 SERVICES = ("replica", "scheduler", "router", "gateway")
 
@@ -100,10 +107,17 @@ class LocalStack:
     # different SLUICE_KV_CACHE_BLOCKS for one of them).
     replica_env: dict[int, dict[str, str]] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)  # by process name, in start order
+    # Several versions behind the router's catalog file; None = the one
+    # model_dir version. `catalog_path` None = <log_dir>/models.json.
+    catalog: LocalCatalog | None = None
+    catalog_path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be at least 1, got {self.num_replicas}")
+        if self.catalog is not None and self.num_replicas < len(self.catalog.versions):
+            raise ValueError(f"a catalog of {len(self.catalog.versions)} versions needs as many replicas at least, "
+                             f"got num_replicas={self.num_replicas}")
         unknown = set(self.replica_env) - set(range(self.num_replicas))
         if unknown:
             raise ValueError(f"replica_env names replicas {sorted(unknown)} of a {self.num_replicas}-replica stack")
@@ -124,6 +138,26 @@ class LocalStack:
     @property
     def replica_ids(self) -> list[str]:
         return [f"replica-{i}" for i in range(self.num_replicas)]
+
+    @property
+    def models_file(self) -> Path:
+        """Where the router reads the catalog (with a `catalog`)."""
+        return self.catalog_path if self.catalog_path is not None else self.log_dir / "models.json"
+
+    def replica_version(self, index: int) -> CatalogVersion | None:
+        """The catalog version replica `index` serves; None without a catalog."""
+        if self.catalog is None:
+            return None
+        return self.catalog.versions[index % len(self.catalog.versions)]
+
+    def write_catalog(self, catalog: LocalCatalog) -> None:
+        """Replace the router's catalog (new weights, say) while it runs; the
+        replicas stay as they are, so the versions must be the started ones."""
+        if self.catalog is not None and {v.version for v in catalog.versions} - {
+                v.version for v in self.catalog.versions}:
+            raise ValueError("the new catalog names a version no replica of this stack serves")
+        self.catalog = catalog
+        catalog.write(self.models_file)
 
     def metrics_url(self, service: str, index: int = 0) -> str:
         """/metrics of "router", "scheduler" or "replica" (replica `index`)."""
@@ -150,15 +184,24 @@ class LocalStack:
         metrics = {"router": p.router_metrics, "scheduler": p.scheduler_metrics}
         if service in metrics:
             env["SLUICE_METRICS_PORT"] = str(metrics[service])
+        if service == "router" and self.catalog is not None:
+            env["SLUICE_MODELS_FILE"] = str(self.models_file)
         if service == "replica":
             env["SLUICE_REPLICA_ADDRESS"] = self.replica_addresses[index]
             env["SLUICE_REPLICA_ID"] = self.replica_ids[index]
             env["SLUICE_METRICS_PORT"] = str(p.replica_metrics_port(index))
+            version = self.replica_version(index)
+            if version is not None:
+                env["SLUICE_MODEL_NAME"] = self.catalog.alias
+                env["SLUICE_MODEL_VERSION"] = version.version
+                env["SLUICE_MODEL_DIR"] = str(version.model_dir)
             env.update(self.replica_env.get(index, {}))
         return env
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.catalog is not None:
+            self.catalog.write(self.models_file)
         for service in self.services:
             if service == "replica":
                 for index in range(self.num_replicas):
