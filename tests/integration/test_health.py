@@ -27,7 +27,7 @@ def test_grpc_health_reports_serving(stack, service):
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/health", "/readyz"])
+@pytest.mark.parametrize("path", ["/healthz", "/health", "/readyz", "/readyz/route"])
 def test_gateway_http_health(stack, path):
     response = httpx.get(stack.gateway_url + path, timeout=5)
     assert response.status_code == 200

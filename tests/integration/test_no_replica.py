@@ -1,5 +1,7 @@
-"""Without a ready replica the gateway is not ready, and requests get an
-early, clear 503 with Retry-After instead of hanging."""
+"""Without a ready replica the gateway stays ready (its own stores work) and
+requests get an early, clear 503 with Retry-After instead of hanging or, as
+an unready gateway out of its Service would give them, connection errors.
+/readyz/route says that no route exists."""
 
 import httpx
 import openai
@@ -27,9 +29,9 @@ def headless(tiny_model_dir, tmp_path_factory):
         stack.stop()
 
 
-def test_readyz_is_503_without_a_ready_replica(headless):
-    response = httpx.get(headless.gateway_url + "/readyz", timeout=5)
-    assert response.status_code == 503
+def test_the_gateway_stays_ready_without_a_ready_replica_and_says_no_route(headless):
+    assert httpx.get(headless.gateway_url + "/readyz", timeout=5).status_code == 200
+    assert httpx.get(headless.gateway_url + "/readyz/route", timeout=5).status_code == 503
     assert httpx.get(headless.gateway_url + "/healthz", timeout=5).status_code == 200
 
 

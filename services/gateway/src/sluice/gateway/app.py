@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+from prometheus_client import start_wsgi_server
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -49,7 +50,9 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
 
 def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None) -> Starlette:
     """`edge_limits`: the HTTP server's (http_edge.py), whose counts the
-    metrics page shows."""
+    metrics page shows. With settings.metrics_port set, /metrics is served
+    on that port alone (a thread, as the gRPC services do), not on the
+    public HTTP port."""
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         resources = await GatewayResources.open(settings)
@@ -61,6 +64,10 @@ def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None)
                                         outbox_depth=resources.outbox.pending_count)
         health = resources.limits_health
         metrics.limits_fallback.set_function(lambda: float(health is not None and health.down))
+        metrics_server = None
+        if settings.metrics_port:
+            metrics_server, _ = start_wsgi_server(settings.metrics_port, settings.metrics_host,
+                                                  registry=metrics.registry)
         app.state.gateway = GatewayState(
             settings=settings,
             router=router,
@@ -80,6 +87,9 @@ def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None)
             await keys.stop()
             await router.close()
             await resources.close()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
 
     document = openapi_document()
     routes = [
@@ -91,15 +101,17 @@ def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None)
         Route("/healthz", health.healthz, methods=["GET"]),
         Route("/health", health.healthz, methods=["GET"]),
         Route("/readyz", health.readyz, methods=["GET"]),
-        Route("/metrics", health.metrics, methods=["GET"]),
+        Route("/readyz/route", health.readyz_route, methods=["GET"]),
         Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
+    if not settings.metrics_port:
+        routes.append(Route("/metrics", health.metrics, methods=["GET"]))
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error},
                      middleware=[_tracing_middleware(), Middleware(CatchAll)])
 
 
 # Probes and scrapes every few seconds would drown the traces.
-UNTRACED_PATHS = "/metrics$,/health$,/healthz$,/readyz$"
+UNTRACED_PATHS = "/metrics$,/health$,/healthz$,/readyz$,/readyz/route$"
 
 
 def _tracing_middleware() -> Middleware:

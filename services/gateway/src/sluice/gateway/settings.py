@@ -6,6 +6,15 @@ from sluice.config import SluiceSettings
 class GatewaySettings(SluiceSettings):
     gateway_host: str = Field("127.0.0.1", description="HTTP bind address")
     gateway_port: int = Field(8000, ge=0, le=65535, description="HTTP port")
+    # The variable every service reads (sluice.config), with the gateway's
+    # meaning: unset, /metrics stays on the HTTP port (make run, one
+    # process to scrape); set (the chart: 9090), it moves to its own port,
+    # so the public port never shows tenant-labelled metrics and a
+    # NetworkPolicy can open the two ports to different peers.
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="port of /metrics (at SLUICE_METRICS_HOST) instead of the HTTP port; 0 = the HTTP port",
+    )
     dev_api_key: str | None = Field(
         None, description="a static key accepted for tenant SLUICE_DEV_TENANT (make run sets one); off when unset"
     )
