@@ -13,7 +13,7 @@ SMALL_MODEL_DIR := .sluice/models/tiny-llama-small
 
 # Every distribution in the repo, installed editable into one dev venv.
 # (Each one is installable on its own with only its own dependencies.)
-PACKAGES := libs/outcomes libs/admission libs/telemetry libs/rpc libs/config libs/tokenization libs/engine libs/placement libs/sim libs/limits libs/ledger libs/top \
+PACKAGES := libs/outcomes libs/admission libs/telemetry libs/rpc libs/config libs/tokenization libs/engine libs/placement libs/sim libs/limits libs/ledger libs/top libs/rollout \
             libs/kernels libs/model libs/tinymodel libs/devstack \
             services/gateway services/router services/scheduler services/replica
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
