@@ -2,12 +2,14 @@
 
 import asyncio
 import logging
+from typing import Any
 
 from prometheus_client import start_http_server
 
 from sluice.placement.cluster import ClusterScheduler
 from sluice.rpc.health_names import SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
+from sluice.scheduler.discovery.static import ReplicaDiscovery, StaticDiscovery
 from sluice.scheduler.metrics import SchedulerMetrics
 from sluice.scheduler.replica_watch import ReplicaWatcher
 from sluice.scheduler.servicer import SchedulerServicer
@@ -18,28 +20,47 @@ from sluice.telemetry.process import service_telemetry
 log = logging.getLogger("sluice.scheduler")
 
 
-async def serve(settings: SchedulerSettings) -> None:
+def replica_discovery(settings: SchedulerSettings, api_client: Any = None) -> ReplicaDiscovery:
+    """The discovery the settings chose; `api_client` (a kubernetes.client.ApiClient) overrides the
+    in-cluster or kubeconfig configuration, for tests."""
+    if settings.replica_discovery == "static":
+        return StaticDiscovery(settings.replica_address_list())
+    # Imported here: static runs (local, tests) never load the kubernetes client.
+    from sluice.scheduler.discovery.endpoint_slices import EndpointSliceDiscovery, WatchTiming, kube_api_client
+
+    return EndpointSliceDiscovery(
+        api_client if api_client is not None else kube_api_client(),
+        settings.kubernetes_namespace.strip(),
+        settings.replica_service_list(),
+        settings.replica_port_name.strip(),
+        WatchTiming(resync_s=settings.replica_resync_s),
+    )
+
+
+async def serve(settings: SchedulerSettings, api_client: Any = None) -> None:
     metrics = SchedulerMetrics.create()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
     core = ClusterScheduler(settings.placement_config())
     servicer = SchedulerServicer(core, metrics)
-    watcher = ReplicaWatcher(settings.replica_address_list(), servicer.on_replica_state, servicer.on_replica_lost)
+    discovery = replica_discovery(settings, api_client)
+    watcher = ReplicaWatcher(servicer.on_replica_state, servicer.on_replica_lost)
     metrics.replicas_ready.set_function(lambda: sum(view.ready for view in watcher.views()))
     server = HealthServer(
         [scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name],
         lambda s: scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, s),
     )
-    watcher.start()
+    discovery.start(watcher.set_addresses)
     port = await server.start(settings.scheduler_address)
     readiness = asyncio.create_task(_report_readiness(server, watcher))
     sweep = asyncio.create_task(servicer.sweep_forever(settings.schedule_interval_s))
-    log.info("scheduler serving on port %d, watching %s", port, settings.replica_address_list())
+    log.info("scheduler serving on port %d, replica discovery %s", port, settings.replica_discovery)
     await wait_for_stop_signal()
     log.info("stopping")
     readiness.cancel()
     sweep.cancel()
     await server.stop(settings.shutdown_grace_s)
+    await discovery.stop()
     await watcher.stop()
 
 

@@ -4,7 +4,7 @@ callback (the scheduler feeds its policy core from it)."""
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 
@@ -38,30 +38,53 @@ def view_of(address: str, state: replica_pb2.ReplicaState, seen_at_s: float) -> 
 
 
 class ReplicaWatcher:
-    """One task per replica address. Only the watch tasks write `_views`;
-    a broken stream removes the view (and tells `on_lost`) so no request is
-    placed on a replica we cannot see."""
+    """One task per replica address; the set of addresses changes with
+    `set_addresses` (discovery calls it on the loop). Only `set_addresses`
+    and the watch tasks write `_views` and `_tasks`: a broken stream removes
+    the view (and tells `on_lost`), and so does an address discovery
+    dropped, at once, so no request is placed on a replica we cannot see or
+    that Kubernetes took out of its Service."""
 
-    def __init__(
-        self, addresses: list[str], on_state: OnState, on_lost: OnLost, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._addresses = addresses
+    def __init__(self, on_state: OnState, on_lost: OnLost, clock: Callable[[], float] = time.monotonic) -> None:
         self._on_state = on_state
         self._on_lost = on_lost
         self._clock = clock
         self._views: dict[str, ReplicaView] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
 
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._watch(address)) for address in self._addresses]
+    def set_addresses(self, addresses: Iterable[str]) -> None:
+        wanted = frozenset(addresses)
+        for address in sorted(self._tasks.keys() - wanted):
+            task = self._tasks.pop(address)
+            task.cancel()
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+            lost = self._views.pop(address, None)
+            if lost is not None:
+                self._on_lost(lost.replica_id)
+            log.info("stopped watching replica %s (%s)", address,
+                     f"replica {lost.replica_id} leaves placement" if lost else "it was not connected")
+        for address in sorted(wanted - self._tasks.keys()):
+            self._tasks[address] = asyncio.create_task(self._watch(address), name=f"watch-replica {address}")
+            log.info("watching replica %s", address)
+
+    def addresses(self) -> frozenset[str]:
+        return frozenset(self._tasks)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks.values(), *self._stopping]
+        self._tasks.clear()
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def views(self) -> list[ReplicaView]:
         return list(self._views.values())
+
+    def _current(self, address: str) -> bool:
+        # False once set_addresses dropped (or replaced) this task: it must not touch the views any more.
+        return self._tasks.get(address) is asyncio.current_task()
 
     async def _watch(self, address: str) -> None:
         attempt = 0
@@ -70,6 +93,8 @@ class ReplicaWatcher:
             try:
                 stub = replica_pb2_grpc.ReplicaStub(channel)
                 async for state in stub.WatchState(replica_pb2.WatchStateRequest()):
+                    if not self._current(address):
+                        return
                     attempt = 0
                     view = view_of(address, state, self._clock())
                     self._views[address] = view
@@ -77,7 +102,7 @@ class ReplicaWatcher:
             except grpc.aio.AioRpcError as error:
                 log.info("replica %s state stream broke: %s", address, error.code().name)
             finally:
-                lost = self._views.pop(address, None)
+                lost = self._views.pop(address, None) if self._current(address) else None
                 if lost is not None:
                     self._on_lost(lost.replica_id)
                 await channel.close()

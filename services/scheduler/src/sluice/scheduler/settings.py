@@ -3,8 +3,9 @@ placement policy they build. Each knob is explained where the policy
 defines it (sluice.placement.config, sluice.admission)."""
 
 import json
+from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from sluice.admission.overload import OverloadPolicy, StageThresholds, default_stage_thresholds
 from sluice.admission.reservation import ReservationPolicy
@@ -17,10 +18,23 @@ CLASS_BY_NAME = {"interactive": ServiceClass.INTERACTIVE, "batch": ServiceClass.
 
 
 class SchedulerSettings(SluiceSettings):
+    replica_discovery: Literal["static", "endpointslices"] = Field(
+        "static", description="static: SLUICE_REPLICA_ADDRESSES; endpointslices: follow each replica Service's "
+        "EndpointSlices in SLUICE_KUBERNETES_NAMESPACE, one address per ready pod",
+    )
     replica_addresses: str = Field(
         "127.0.0.1:50061",
-        description="comma-separated host:port of every replica to watch (SLUICE_REPLICA_ADDRESSES)",
+        description="static discovery: comma-separated host:port of every replica to watch",
     )
+    replica_services: str = Field(
+        "", description="endpointslices: comma-separated names of the per-version replica Services",
+    )
+    kubernetes_namespace: str = Field("", description="endpointslices: the namespace of those Services")
+    replica_port_name: str = Field("grpc", description="endpointslices: the slice port name of the replica's gRPC port")
+    # A full re-list this often even while the watch is healthy: a missed
+    # event can last at most this long. The API server is asked for one
+    # list per scheduler per period, which is cheap at any sane value.
+    replica_resync_s: float = Field(300.0, gt=0, description="endpointslices: full re-list period")
     interactive_ttft_slo_s: float = Field(2.0, gt=0, description="predicted start past this -> 429 over_capacity")
     batch_ttft_slo_s: float = Field(600.0, gt=0, description="the same for service_tier=flex")
     interactive_max_queue_wait_s: float = Field(10.0, gt=0, description="queued longer -> 429 queue_timeout")
@@ -58,6 +72,17 @@ class SchedulerSettings(SluiceSettings):
         0.0, ge=0, description="stage 4: refuse what would wait longer; 0 = a quarter of the interactive SLO")
     critical_kv_reserve_share: float = Field(0.05, ge=0, lt=1, description="of each replica, kept for critical keys")
     critical_queue_slots: int = Field(16, ge=0, description="places per queue kept for critical keys")
+
+    @model_validator(mode="after")
+    def _discovery_is_complete(self) -> "SchedulerSettings":
+        if self.replica_discovery == "endpointslices":
+            missing = [name for name, value in (("SLUICE_REPLICA_SERVICES", self.replica_service_list()),
+                                                ("SLUICE_KUBERNETES_NAMESPACE", self.kubernetes_namespace.strip()),
+                                                ("SLUICE_REPLICA_PORT_NAME", self.replica_port_name.strip()))
+                       if not value]
+            if missing:
+                raise ValueError(f"SLUICE_REPLICA_DISCOVERY=endpointslices needs {' and '.join(missing)}")
+        return self
 
     @field_validator("tenant_limits")
     @classmethod
@@ -103,6 +128,9 @@ class SchedulerSettings(SluiceSettings):
 
     def replica_address_list(self) -> list[str]:
         return [a.strip() for a in self.replica_addresses.split(",") if a.strip()]
+
+    def replica_service_list(self) -> list[str]:
+        return [s.strip() for s in self.replica_services.split(",") if s.strip()]
 
     def placement_config(self) -> PlacementConfig:
         default = TenantLimits(self.tenant_max_active_seqs, self.tenant_max_kv_share)
