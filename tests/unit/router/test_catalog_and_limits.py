@@ -48,3 +48,28 @@ def test_class_prompt_cap():
     with pytest.raises(ServiceError) as refused:
         check_class_prompt_cap(501, 500, "interactive")
     assert refused.value.info.reason == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("models, message", [
+    ([], "no models"),
+    ([{"name": "m", "versions": [{"version": "v1", "path": "/x"}]}] * 2, "listed twice"),
+    ([{"name": "m", "versions": [{"version": "v1", "path": "/x"}, {"version": "v1", "path": "/x"}]}], "version twice"),
+    ([{"name": "m", "versions": [{"version": "v1", "path": "/x"}]},
+      {"name": "n", "versions": [{"version": "v1", "path": "/y"}]}], "two paths"),
+    ([{"name": "m", "versions": [{"version": "v1", "path": "/x", "weight": "lots"}]}], "lots"),
+    ([{"name": "m", "versions": [{"version": "v1", "path": "/x", "weight": -1}]}], "weights"),
+    ({"name": "m"}, "invalid model catalog"),
+])
+def test_a_catalog_is_checked_as_a_whole(tmp_path, models, message):
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"models": models}))
+    with pytest.raises(ValueError, match=message):
+        load_catalog(path)
+
+
+def test_unreadable_or_malformed_files_are_value_errors(tmp_path):
+    with pytest.raises(ValueError, match="invalid model catalog"):
+        load_catalog(tmp_path / "missing.json")
+    (tmp_path / "cut.json").write_text('{"models": [{"name": "m", "versions": [')
+    with pytest.raises(ValueError, match="invalid model catalog"):
+        load_catalog(tmp_path / "cut.json")

@@ -9,9 +9,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from sluice.router.catalog import load_catalog, single_model_catalog
+from sluice.router.catalog import parse_catalog, single_model_catalog
+from sluice.router.catalog_watch import CatalogFile, CatalogWatch, publish
+from sluice.router.live_models import LiveModels
 from sluice.router.metrics import RouterMetrics
 from sluice.router.models import ModelRegistry
+from sluice.router.recent_assignments import RecentAssignments
 from sluice.router.placement_client import PlacementClient
 from sluice.router.relay import Relay
 from sluice.router.replica_channels import ReplicaChannels
@@ -28,19 +31,32 @@ from sluice.telemetry.process import service_telemetry
 log = logging.getLogger("sluice.router")
 
 
-def build_registry(settings: RouterSettings) -> ModelRegistry:
-    if settings.models_file:
-        catalog = load_catalog(Path(settings.models_file))
-    else:
+def build_models(settings: RouterSettings, metrics: RouterMetrics) -> tuple[LiveModels, CatalogWatch | None]:
+    """The start-up registry (an invalid catalog stops the router here) and,
+    with a models file to re-read, its watch."""
+    assignments = RecentAssignments(settings.sticky_assignment_ttl_s, settings.sticky_assignment_max_entries)
+    if not settings.models_file:
         catalog = single_model_catalog(settings.model_name, settings.model_version, Path(settings.model_dir))
-    return ModelRegistry(catalog, created_unix_s=time.time())
+        live = LiveModels(ModelRegistry(catalog, created_unix_s=time.time()), assignments)
+        publish(metrics, live.current, live.generation, 0, time.time())
+        return live, None
+    path = Path(settings.models_file)
+    try:
+        found = CatalogFile.read(path)
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"invalid model catalog {path}: {error}") from error
+    live = LiveModels(ModelRegistry(parse_catalog(found.text, str(path)), created_unix_s=time.time()), assignments)
+    publish(metrics, live.current, live.generation, found.hash_value, time.time())
+    if not settings.catalog_reload_interval_s:
+        return live, None
+    return live, CatalogWatch(path, live, metrics, settings.catalog_reload_interval_s, found)
 
 
 async def serve(settings: RouterSettings) -> None:
     metrics = RouterMetrics.create()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, settings.metrics_host, registry=metrics.registry)
-    models = build_registry(settings)
+    models, catalog_watch = build_models(settings, metrics)
     placement = PlacementClient(settings.scheduler_address)
     replicas = ReplicaChannels(settings.stream_buffer_events)
     caps = {
@@ -61,10 +77,14 @@ async def serve(settings: RouterSettings) -> None:
     placement.start()
     port = await server.start(settings.router_address)
     readiness = asyncio.create_task(_report_readiness(server, placement, settings.scheduler_address))
-    log.info("router serving on port %d; models %s", port, sorted(models.aliases))
+    watching = asyncio.create_task(catalog_watch.run()) if catalog_watch else None
+    log.info("router serving on port %d; models %s%s", port, sorted(models.current.aliases),
+             f"; re-reading {settings.models_file} every {settings.catalog_reload_interval_s:g}s" if watching else "")
     await wait_for_stop_signal()
     log.info("stopping")
     readiness.cancel()
+    if watching:
+        watching.cancel()
     await server.stop(settings.shutdown_grace_s)
     await placement.stop()
     await replicas.close()

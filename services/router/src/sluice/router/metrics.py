@@ -13,6 +13,12 @@ class RouterMetrics:
     rejections_total: Counter
     prompt_tokens_total: Counter
     generation_tokens_total: Counter
+    # The live catalog (catalog_watch): what an operator checks after an edit.
+    catalog_reloads_total: Counter
+    catalog_generation: Gauge
+    catalog_applied_unix_s: Gauge
+    catalog_content_hash: Gauge
+    catalog_weight_ratio: Gauge
 
     @classmethod
     def create(cls) -> "RouterMetrics":
@@ -39,4 +45,37 @@ class RouterMetrics:
             generation_tokens_total=Counter(
                 "sluice_generation_tokens_total", "Output tokens relayed", ["model"], registry=registry
             ),
+            **_catalog_metrics(registry),
         )
+
+
+RELOAD_OUTCOMES = ("applied", "rejected")
+
+
+def _catalog_metrics(registry: CollectorRegistry) -> dict:
+    reloads = Counter(
+        "sluice_router_catalog_reloads_total",
+        "Catalog file changes seen: applied, or rejected (the last good catalog stays; the router logs why)",
+        ["outcome"], registry=registry,
+    )
+    for outcome in RELOAD_OUTCOMES:
+        reloads.labels(outcome)  # both series exist from the start, at 0
+    return {
+        "catalog_reloads_total": reloads,
+        "catalog_generation": Gauge(
+            "sluice_router_catalog_generation", "Catalogs applied since the router started (1 = the start-up one)",
+            registry=registry),
+        "catalog_applied_unix_s": Gauge(
+            "sluice_router_catalog_applied_timestamp_seconds", "When the live catalog was applied",
+            registry=registry),
+        # A number, not a label (a label value would be new with every
+        # edit): routers that agree on this serve the same catalog.
+        "catalog_content_hash": Gauge(
+            "sluice_router_catalog_content_hash",
+            "First 48 bits of the SHA-256 of the live catalog file's bytes (exact in a float)",
+            registry=registry),
+        "catalog_weight_ratio": Gauge(
+            "sluice_router_catalog_weight_ratio",
+            "Share of the alias's new requests each version gets under the live catalog (0-1)",
+            ["model", "version"], registry=registry),
+    }

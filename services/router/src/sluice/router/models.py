@@ -1,4 +1,9 @@
-"""The loaded side of the catalog: each version's tokenizer and limits."""
+"""The loaded side of the catalog: each version's tokenizer and limits.
+
+A registry is one catalog, loaded: it never changes after it is built. A
+reload builds a new one beside it (reusing the loaded tokenizers of the
+versions it keeps) and swaps it in whole (live_models).
+"""
 
 import hashlib
 import json
@@ -16,6 +21,7 @@ class LoadedVersion:
     spec: ModelVersionSpec
     tokenizer: Tokenizer
     context_length_tokens: int
+    tokenizer_digest: str  # of TOKENIZER_FILES: versions that share traffic must agree
 
 
 # What decides the token ids a version reads and the chat template that
@@ -37,12 +43,33 @@ def _context_length(model_dir: Path) -> int:
     return int(config.get("max_position_embeddings") or config.get("max_sequence_length") or 2048)
 
 
-class ModelRegistry:
-    """Aliases -> loaded versions. Built once at start-up; read-only after."""
+def load_version(spec: ModelVersionSpec, previous: LoadedVersion | None = None) -> LoadedVersion:
+    """`spec` loaded: a version already loaded from the same path keeps its
+    tokenizer (a version's files do not change under its name; a new
+    model is a new version), with the new spec's weight and fallback."""
+    if previous is not None and previous.spec.path == spec.path:
+        return LoadedVersion(spec, previous.tokenizer, previous.context_length_tokens, previous.tokenizer_digest)
+    return LoadedVersion(spec, Tokenizer.from_pretrained(spec.path), _context_length(spec.path),
+                         tokenizer_digest(spec.path))
 
-    def __init__(self, catalog: tuple[ModelAliasSpec, ...], created_unix_s: float) -> None:
+
+class ModelRegistry:
+    """Aliases -> loaded versions, of one catalog; read-only once built.
+
+    `previous` (the registry this one replaces) lends the versions both
+    list their loaded tokenizers, and the aliases both list their created
+    time. Any error (a model directory that cannot be read, a stand-in
+    with another tokenizer) raises before anything is returned."""
+
+    def __init__(self, catalog: tuple[ModelAliasSpec, ...], created_unix_s: float,
+                 previous: "ModelRegistry | None" = None) -> None:
         self.aliases = {alias.name: alias for alias in catalog}
         self.created_unix_s = created_unix_s
+        self._created_unix_s = {
+            name: previous.alias_created_unix_s(name) if previous is not None and name in previous.aliases
+            else created_unix_s
+            for name in self.aliases
+        }
         self._versions: dict[str, LoadedVersion] = {}
         # The alias a version's response names when it serves another's
         # traffic: the first alias that lists it.
@@ -51,9 +78,8 @@ class ModelRegistry:
             for spec in alias.versions:
                 self._alias_of.setdefault(spec.version, alias.name)
                 if spec.version not in self._versions:
-                    self._versions[spec.version] = LoadedVersion(
-                        spec, Tokenizer.from_pretrained(spec.path), _context_length(spec.path)
-                    )
+                    kept = previous._versions.get(spec.version) if previous is not None else None
+                    self._versions[spec.version] = load_version(spec, kept)
         for alias in catalog:
             for spec in alias.versions:
                 if spec.fallback:
@@ -65,7 +91,7 @@ class ModelRegistry:
     def _check_stand_in(self, version: str, stand_in: str, role: str) -> None:
         if stand_in not in self._versions:
             raise ValueError(f"{version}: the {role} {stand_in} is not a version in the catalog")
-        if tokenizer_digest(self._versions[version].spec.path) != tokenizer_digest(self._versions[stand_in].spec.path):
+        if self._versions[version].tokenizer_digest != self._versions[stand_in].tokenizer_digest:
             raise ValueError(
                 f"{version}: the {role} {stand_in} has another tokenizer; a version that takes "
                 "another's traffic must read the same token ids")
@@ -73,14 +99,25 @@ class ModelRegistry:
     def version(self, name: str) -> LoadedVersion:
         return self._versions[name]
 
+    def has_version(self, name: str) -> bool:
+        return name in self._versions
+
+    def alias_created_unix_s(self, alias_name: str) -> float:
+        """When the alias first appeared in this router's catalog (ListModels' `created`)."""
+        return self._created_unix_s[alias_name]
+
     def alias_of(self, version: str) -> str:
         return self._alias_of[version]
 
-    def resolve(self, alias_name: str, request_id: str) -> LoadedVersion:
+    def alias(self, alias_name: str) -> ModelAliasSpec:
         alias = self.aliases.get(alias_name)
         if alias is None:
             raise ServiceError.of(Reason.MODEL_NOT_FOUND, f"The model `{alias_name}` does not exist.")
-        return self._versions[pick_version(alias, request_id).version]
+        return alias
+
+    def resolve(self, alias_name: str, request_id: str) -> LoadedVersion:
+        """The hashed weighted choice alone (live_models adds the memory of recent ids)."""
+        return self._versions[pick_version(self.alias(alias_name), request_id).version]
 
     def versions_of(self, alias_name: str) -> list[LoadedVersion]:
         return [self._versions[spec.version] for spec in self.aliases[alias_name].versions]

@@ -23,6 +23,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from sluice.router.limits import check_class_prompt_cap, output_budget_tokens
+from sluice.router.live_models import LiveModels
 from sluice.router.metrics import RouterMetrics
 from sluice.router.models import LoadedVersion, ModelRegistry
 from sluice.router.placement_client import PlacementClient
@@ -85,7 +86,7 @@ def _prepare(version: LoadedVersion, request: router_pb2.GenerateRequest, block_
 class Relay:
     def __init__(
         self,
-        models: ModelRegistry,
+        models: LiveModels | ModelRegistry,  # a plain registry: one catalog for good
         placement: PlacementClient,
         replicas: ReplicaChannels,
         metrics: RouterMetrics,
@@ -96,7 +97,7 @@ class Relay:
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         cache_scope: CacheScope | None = None,
     ) -> None:
-        self._models = models
+        self._models = models if isinstance(models, LiveModels) else LiveModels(models)
         self._placement = placement
         self._replicas = replicas
         self._metrics = metrics
@@ -113,7 +114,7 @@ class Relay:
         of the context the gateway sent with it)."""
         class_name = "batch" if request.service_class == common_pb2.SERVICE_CLASS_BATCH else "interactive"
         # A metric label names a catalog alias, never a string a client sent.
-        alias_label = request.model if request.model in self._models.aliases else UNKNOWN_ALIAS
+        alias_label = request.model if request.model in self._models.current.aliases else UNKNOWN_ALIAS
         span = tracer.start_span("router.generate", context=spans.request_parent(request.trace_context), attributes={
             spans.REQUEST_ID: request.request_id, spans.MODEL: alias_label, spans.SERVICE_CLASS: class_name,
             spans.TENANT: request.tenant,
@@ -140,7 +141,10 @@ class Relay:
         alias = request.model
         here = spans.child_context(span)
         try:
-            version = self._models.resolve(alias, request.request_id)
+            # This request's registry from here to its end, whatever reloads
+            # happen meanwhile (live_models).
+            resolved = self._models.resolve(alias, request.request_id)
+            models, version = resolved.registry, resolved.version
             asked_version = version.spec.version  # the alias's own choice, before any route or fallback
             # Tokenizing and hashing a long prompt take milliseconds: keep the
             # loop free, and one tenant's burst out of the others' way.
@@ -151,10 +155,10 @@ class Relay:
                         self._cache_scope.salt_for(request.tenant))
                 tokenize_span.set_attribute(spans.PROMPT_TOKENS, len(prompt_ids))
             span.set_attribute(spans.PROMPT_TOKENS, len(prompt_ids))
-            routed_to = route_for(self._models.aliases[alias].routes, len(prompt_ids), request.max_output_tokens,
+            routed_to = route_for(models.aliases[alias].routes, len(prompt_ids), request.max_output_tokens,
                                   class_name, request.tenant)
             if routed_to is not None:
-                version = self._models.version(routed_to)  # same tokenizer: the ids stand
+                version = models.version(routed_to)  # same tokenizer: the ids stand
             check_class_prompt_cap(len(prompt_ids), self._prompt_caps_tokens.get(request.service_class, 0), class_name)
             max_output = output_budget_tokens(
                 len(prompt_ids), request.max_output_tokens, version.context_length_tokens
@@ -194,7 +198,7 @@ class Relay:
                 model_version=version.spec.version, prompt_tokens=len(prompt_ids), replica_id=dispatch.replica_id
             )
             if dispatch.model_version and dispatch.model_version != version.spec.version:
-                version = self._models.version(dispatch.model_version)  # the fallback serves it
+                version = models.version(dispatch.model_version)  # the fallback serves it
                 admitted.model_version = version.spec.version
                 admitted.degraded.append("fallback")
                 max_output = min(max_output, max(1, version.context_length_tokens - len(prompt_ids)))
@@ -203,7 +207,7 @@ class Relay:
                 admitted.degraded.append("output_capped")
                 admitted.output_cap_tokens = dispatch.output_cap_tokens
             if version.spec.version != asked_version:
-                admitted.model = self._models.alias_of(version.spec.version)
+                admitted.model = models.alias_of(version.spec.version)
             yield router_pb2.GenerateEvent(admitted=admitted)
             events = self._relay_tokens(request, version, prompt_ids, max_output, dispatch, progress, here)
             async for event in events:

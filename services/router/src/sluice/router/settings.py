@@ -4,6 +4,7 @@ from pydantic import Field
 
 from sluice.config import SluiceSettings
 from sluice.router.progress_watch import DEFAULT_STALL_TIMEOUT_S
+from sluice.router.recent_assignments import DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 from sluice.router.tenant_gate import DEFAULT_PER_TENANT
 
 
@@ -12,6 +13,18 @@ class RouterSettings(SluiceSettings):
         None,
         description="JSON model catalog (aliases, versions, rollout weights); unset = the single "
         "SLUICE_MODEL_NAME/VERSION/DIR model",
+    )
+    # Polling the content, not watching events: a mounted ConfigMap changes
+    # by a symlink swap that inotify and mtimes report unreliably. A poll is
+    # one small read and a hash.
+    catalog_reload_interval_s: float = Field(
+        2.0, ge=0, description="how often the models file is re-read; a change applies without a restart "
+        "(0 = read once at start)",
+    )
+    # A retry of a recent request id keeps the version it got, across weight changes.
+    sticky_assignment_ttl_s: float = Field(DEFAULT_TTL_S, gt=0, description="how long a request id's version is remembered")
+    sticky_assignment_max_entries: int = Field(
+        DEFAULT_MAX_ENTRIES, ge=1, description="request ids remembered at most (the least recent forgotten first)"
     )
     # Per-class prompt caps, below the model's context: interactive calls
     # with enormous prompts would wreck the latency SLO of everyone else.
