@@ -5,7 +5,12 @@ router has admitted or listed (its catalog), else "unknown"; a name a
 client sent is never a label by itself (twenty long made-up names would
 otherwise grow /metrics tenfold, control characters and all). `class` is
 interactive or batch; `tenant` is one of the first N tenants seen, else
-"other" (sluice.telemetry.tenant_labels).
+"other" (sluice.telemetry.tenant_labels). `version` is the model version
+that served, as the router named it when it admitted the request (one of
+its catalog's versions; "unknown" past MAX_MODEL_LABELS): the latency and
+outcome series carry it so a rollout can judge a candidate version's share
+of an alias on its own (sluice.rollout.prometheus). Dashboards and rules
+that sum by (model, class) see the same totals as before.
 
 TTFT and inter-token latency observations carry the trace id of the
 request as an exemplar when it is traced; exemplars appear in the
@@ -29,6 +34,10 @@ TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 2.5, 5, 10, 30, 60, 1
 E2E_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 # Gaps between content chunks: a healthy decode is 5-100 ms a token.
 ITL_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5)
+# The labels of the per-response SLO series (latencies, goodput, outcomes).
+SLO_LABELS = ("model", "class", "version")
+# How a response that reached a version ended (sluice_version_responses_total).
+RESPONSE_OUTCOMES = ("finished", "error", "cancelled")
 
 
 @dataclass(slots=True)
@@ -51,13 +60,15 @@ class GatewayMetrics:
     registry: CollectorRegistry
     requests_total: Counter
     streams_active: Gauge
-    time_to_first_token_seconds: Histogram  # model, class
-    e2e_request_latency_seconds: Histogram  # model, class
-    inter_token_latency_seconds: Histogram  # model, class
-    slo_requests_total: Counter  # model, class, result=met|missed
+    time_to_first_token_seconds: Histogram  # model, class, version
+    e2e_request_latency_seconds: Histogram  # model, class, version
+    inter_token_latency_seconds: Histogram  # model, class, version
+    slo_requests_total: Counter  # model, class, version, result=met|missed
+    version_responses_total: Counter  # model, class, version, outcome=finished|error|cancelled
     rejections_total: Counter  # reason, tenant
     limits_fallback: Gauge
     models: ModelLabels = field(default_factory=ModelLabels)
+    versions: ModelLabels = field(default_factory=ModelLabels)  # model versions the router named
     tenants: TenantLabels = field(default_factory=TenantLabels)
 
     @classmethod
@@ -86,19 +97,25 @@ class GatewayMetrics:
             ),
             time_to_first_token_seconds=Histogram(
                 "sluice_time_to_first_token_seconds", "Request arrival to first content byte",
-                ["model", "class"], buckets=TTFT_BUCKETS_S, registry=registry,
+                SLO_LABELS, buckets=TTFT_BUCKETS_S, registry=registry,
             ),
             e2e_request_latency_seconds=Histogram(
                 "sluice_e2e_request_latency_seconds", "Request arrival to the last byte",
-                ["model", "class"], buckets=E2E_BUCKETS_S, registry=registry,
+                SLO_LABELS, buckets=E2E_BUCKETS_S, registry=registry,
             ),
             inter_token_latency_seconds=Histogram(
                 "sluice_inter_token_latency_seconds", "Gap between consecutive content chunks of a stream",
-                ["model", "class"], buckets=ITL_BUCKETS_S, registry=registry,
+                SLO_LABELS, buckets=ITL_BUCKETS_S, registry=registry,
             ),
             slo_requests_total=Counter(
                 "sluice_slo_requests_total", "Finished streams by whether their TTFT met the class's SLO (goodput)",
-                ["model", "class", "result"], registry=registry,
+                [*SLO_LABELS, "result"], registry=registry,
+            ),
+            version_responses_total=Counter(
+                "sluice_version_responses_total",
+                "Responses a model version started, by how they ended (finished, error, or cancelled by the "
+                "client): a version's error rate for the rollout gates",
+                [*SLO_LABELS, "outcome"], registry=registry,
             ),
             rejections_total=Counter(
                 "sluice_gateway_rejections_total", "Requests the gateway refused, by reason code and tenant",

@@ -173,6 +173,8 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     # version that served, under its own alias.
     served_model = admitted_event.model or body.model
     state.metrics.models.learn(served_model)
+    if admitted_event.model_version:  # the router's catalog name of the version that serves it
+        state.metrics.versions.learn(admitted_event.model_version)
     if admitted_event.degraded:
         request.state.degraded_header = ",".join(admitted_event.degraded)
     fmt = ResponseFormat.for_request(ticket.attempt_id, served_model, admitted_event.model_version, chat)
@@ -181,7 +183,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
                         service_class=tier)
     span.set_attribute(spans.PROMPT_TOKENS, admitted_event.prompt_tokens)
     slo_s = state.settings.batch_ttft_slo_s if tier == "batch" else state.settings.interactive_ttft_slo_s
-    timing = StreamTiming.start(state.metrics, fmt.model, tier, arrived_s, slo_s)
+    timing = StreamTiming.start(state.metrics, fmt.model, tier, admitted_event.model_version, arrived_s, slo_s)
     if body.stream:
         options = body.stream_options
         relay = _sse_events(
@@ -259,7 +261,7 @@ async def _sse_events(
             state.background.spawn(_finish(state, ticket, progress.unfinished(failed=outcome == "error")))
         state.metrics.streams_active.dec()
         state.metrics.requests_total.labels(fmt.model, "200", outcome).inc()
-        timing.finished(time.monotonic(), completed=outcome == "finished")
+        timing.finished(time.monotonic(), outcome=outcome)
         trace.get_current_span().set_attributes({spans.OUTCOME: outcome, spans.OUTPUT_TOKENS: progress.output_tokens})
 
 
@@ -280,12 +282,14 @@ async def _collect(
             collector.cancel()
             opened.cancel()
     if collector not in done:
+        timing.finished(time.monotonic(), outcome="cancelled")
         state.background.spawn(_finish(state, ticket, progress.unfinished(failed=False)))
         state.metrics.requests_total.labels(fmt.model, "499", "cancelled").inc()
         return Response(status_code=499)
     try:
         finished = collector.result()
     except ApiError as error:
+        timing.finished(time.monotonic(), outcome="error")
         state.background.spawn(_finish(state, ticket, progress.unfinished(failed=True)))
         state.metrics.requests_total.labels(fmt.model, str(error.status), error.code or "error").inc()
         state.metrics.rejected(error.code, ticket.tenant.name)
@@ -293,12 +297,13 @@ async def _collect(
     result = progress.finished(finished, ticket.owner is not None)
     await state.background.run_to_completion(_finish(state, ticket, result))
     if result.finish_reason is None:
+        timing.finished(time.monotonic(), outcome="error")
         return ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").response()
     state.metrics.requests_total.labels(fmt.model, "200", "finished").inc()
     # One body: its first byte is its last, so TTFT is the whole wait.
     now_s = time.monotonic()
     timing.content(now_s)
-    timing.finished(now_s, completed=True)
+    timing.finished(now_s, outcome="finished")
     reason = FINISH_REASONS.get(finished.finish_reason, "stop")
     return JSONResponse(fmt.full_response("".join(progress.parts), reason, finished.usage))
 
