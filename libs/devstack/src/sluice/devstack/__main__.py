@@ -73,12 +73,10 @@ Sluice is up.
     -H "Authorization: Bearer {args.api_key}" -H "Content-Type: application/json" \\
     -d '{{"model": "tiny-llama", "stream": true, "max_tokens": 32,
          "messages": [{{"role": "user", "content": "Say hello"}}]}}'
-
+{_catalog_help(stack, catalog) if catalog is not None else ""}
 Ctrl-C stops everything.""",
         flush=True,
     )
-    if catalog is not None:
-        print(_catalog_help(stack, catalog), flush=True)
     while not stopping.is_set():
         stopping.wait(0.5)
         try:
@@ -101,22 +99,26 @@ def _weights(text: str) -> tuple[int, int]:
 
 
 def _catalog_help(stack: LocalStack, catalog: LocalCatalog) -> str:
-    served = "\n".join(
-        f"    {v.version:<14} weight {v.weight:>3}  {v.model_dir}  (replica {stack.replica_addresses[i]})"
-        for i, v in enumerate(catalog.versions))
+    def replicas_of(version: str) -> str:
+        return ", ".join(address for i, address in enumerate(stack.replica_addresses)
+                         if stack.replica_version(i).version == version)
+    served = "\n".join(f"    {v.version:<14} weight {v.weight:>3}  {v.model_dir}  (replicas {replicas_of(v.version)})"
+                       for v in catalog.versions)
     names = " ".join(f"{v.version}={w}" for v, w in zip(catalog.versions, (0, 100)))
+    interval_s = stack.environment("router").get("SLUICE_CATALOG_RELOAD_INTERVAL_S", "2")  # the router's default
     return f"""
   catalog  : {stack.models_file}   (SLUICE_MODELS_FILE of the router)
   alias {catalog.alias}:
 {served}
 
-  The router re-reads the catalog every SLUICE_CATALOG_RELOAD_INTERVAL_S (2 s)
+  The router re-reads the catalog every SLUICE_CATALOG_RELOAD_INTERVAL_S ({interval_s} s)
   and applies new weights without a restart; in-flight streams finish where
   they started. Edit the file's "weight" fields, or:
 
     .venv/bin/python -m sluice.devstack.weights {stack.models_file} {names}
 
-  Each response's system_fingerprint names the version that served it."""
+  Each response's system_fingerprint names the version that served it.
+"""
 
 
 if __name__ == "__main__":
