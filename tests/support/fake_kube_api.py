@@ -34,10 +34,12 @@ Test-side methods (`put`, `remove`, `get`, `compact`, `bookmark`,
 import copy
 import json
 import re
+import select
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -256,10 +258,7 @@ class FakeKubeApi:
     # ---- the HTTP verbs, called by the handler
     def handle(self, method: str, path: str, query: dict[str, str], content_type: str, body: Any) -> Obj:
         with self._lock:
-            self._requests.append(RecordedRequest(method, path, query, content_type, body))
-            if self._failures:
-                code = self._failures.pop(0)
-                raise ApiError(code, "ServiceUnavailable" if code == 503 else "InternalError", "injected failure")
+            self._record(RecordedRequest(method, path, query, content_type, body))
             kind, namespace, name = self._route(path, query)
             if method == "GET" and name is None:
                 items = [copy.deepcopy(o) for (k, ns, _), o in sorted(self._objects.items(), key=lambda kv: kv[0][2])
@@ -278,6 +277,13 @@ class FakeKubeApi:
                 self._delete(kind, namespace, name)
                 return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
             raise ApiError(405, "MethodNotAllowed", f"{method} {path} is not supported")
+
+    def _record(self, request: RecordedRequest) -> None:
+        """Log the request; answer it with an injected failure if one is pending (call with _lock held)."""
+        self._requests.append(request)
+        if self._failures:
+            code = self._failures.pop(0)
+            raise ApiError(code, "ServiceUnavailable" if code == 503 else "InternalError", "injected failure")
 
     def _route(self, path: str, query: dict[str, str]) -> tuple[ResourceKind, str, str | None]:
         matches_labels(query.get("labelSelector", ""), {})  # a bad selector is a 400 before anything else
@@ -325,28 +331,29 @@ class FakeKubeApi:
         return self._store(kind, namespace, patched, "MODIFIED")
 
     # ---- watch
-    def open_watch(self, path: str, query: dict[str, str]) -> Iterator[Obj]:
+    def open_watch(self, path: str, query: dict[str, str],
+                   client_gone: Callable[[], bool] = lambda: False) -> Iterator[Obj]:
         """Checks the request and fixes where the stream starts; the returned iterator yields events until
-        timeoutSeconds, end_watches() or stop() (it runs in the handler thread)."""
-        kind, namespace, name = self._route(path, query)
-        if name is not None:
-            raise ApiError(405, "MethodNotAllowed", "watch a collection, not one object")
+        timeoutSeconds, end_watches(), stop() or `client_gone()` (it runs in the handler thread)."""
         timeout_s = min(float(query.get("timeoutSeconds") or self._max_watch_s), self._max_watch_s)
         with self._lock:
-            self._requests.append(RecordedRequest("GET", path, query, "", None))
+            self._record(RecordedRequest("GET", path, query, "", None))
+            kind, namespace, name = self._route(path, query)
+            if name is not None:
+                raise ApiError(405, "MethodNotAllowed", "watch a collection, not one object")
             start = query.get("resourceVersion", "")
             if start in ("", "0"):
                 initial = [{"type": "ADDED", "object": copy.deepcopy(o)} for (k, ns, _), o in self._objects.items()
                            if k == kind and ns == namespace and self._selected(kind, namespace, query, o)]
-                return self._events_after(kind, namespace, query, self._revision, initial, timeout_s)
+                return self._events_after(kind, namespace, query, self._revision, initial, timeout_s, client_gone)
             if int(start) < self._compacted_at:
                 expired = ApiError(410, "Expired", f"too old resource version: {start} ({self._compacted_at})")
                 # the real server answers 200, sends this one event and closes the stream
                 return iter([{"type": "ERROR", "object": expired.status()}])
-            return self._events_after(kind, namespace, query, int(start), [], timeout_s)
+            return self._events_after(kind, namespace, query, int(start), [], timeout_s, client_gone)
 
     def _events_after(self, kind: ResourceKind, namespace: str, query: dict[str, str], after: int,
-                      pending: list[Obj], timeout_s: float) -> Iterator[Obj]:
+                      pending: list[Obj], timeout_s: float, client_gone: Callable[[], bool]) -> Iterator[Obj]:
         deadline = time.monotonic() + timeout_s
         bookmarks_on = query.get("allowWatchBookmarks", "").lower() in _TRUE
         with self._lock:
@@ -358,7 +365,7 @@ class FakeKubeApi:
                 with self._changed:
                     while True:
                         remaining = deadline - time.monotonic()
-                        if remaining <= 0 or generation != self._watch_generation:
+                        if remaining <= 0 or generation != self._watch_generation or client_gone():
                             return
                         pending = [{"type": e.type, "object": copy.deepcopy(e.obj)} for e in self._events
                                    if e.resource_version > after and e.kind == kind and e.namespace == namespace
@@ -371,7 +378,8 @@ class FakeKubeApi:
                                 "metadata": {"resourceVersion": str(self._revision)}}})
                         if pending:
                             break
-                        self._changed.wait(timeout=min(remaining, 0.5))
+                        # Short waits: a client that hung up is noticed soon, so open_watches drops to 0.
+                        self._changed.wait(timeout=min(remaining, 0.05))
         finally:
             with self._lock:
                 self._open_watches -= 1
@@ -401,7 +409,7 @@ def _handler_for(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
             try:
                 body = json.loads(raw) if raw else None
                 if method == "GET" and query.get("watch", "").lower() in _TRUE:
-                    self._stream(api.open_watch(parts.path, query))
+                    self._stream(api.open_watch(parts.path, query, self._client_gone))
                 else:
                     self._reply(200 if method != "POST" else 201,
                                 api.handle(method, parts.path, query, content_type, body))
@@ -409,6 +417,14 @@ def _handler_for(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
                 self._reply(error.code, error.status())
             except (json.JSONDecodeError, SelectorError) as error:
                 self._reply(400, ApiError(400, "BadRequest", str(error)).status())
+
+        def _client_gone(self) -> bool:
+            """The client closed its end (readable with nothing to read); it sends nothing during a watch."""
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            try:
+                return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:
+                return True
 
         def _stream(self, events: Iterator[Obj]) -> None:
             self.send_response(200)
