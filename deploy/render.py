@@ -2,12 +2,12 @@
 
 Uses the Helm Go SDK compiled into the `helm-python-sdk` wheel (ctypes over
 libhelm_c; no helm binary, no cluster, no network). deploy/k8s/sluice.yaml
-is the chart rendered with the example values; CI's drift check
-(tests/deploy/test_helm_chart.py) renders again and compares byte for byte.
+is the chart rendered with its default values; CI's drift check
+(tests/deploy/test_chart_render.py) renders again and compares byte for byte.
 
     python deploy/render.py            # rewrite deploy/k8s/sluice.yaml
     python deploy/render.py --check    # exit 1 if deploy/k8s/sluice.yaml is stale
-    python deploy/render.py --values my.yaml --output -   # print any rendering
+    python deploy/render.py --values deploy/helm/sluice/examples/values-cpu.yaml --output -
 """
 
 from __future__ import annotations
@@ -21,15 +21,18 @@ import helm_python as helm
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 CHART_DIR = DEPLOY_DIR / "helm" / "sluice"
-EXAMPLE_VALUES = CHART_DIR / "examples" / "values-example.yaml"
+EXAMPLES_DIR = CHART_DIR / "examples"
+# The production-shaped example (rollout in progress, external backends,
+# monitoring on); the other examples sit beside it as values-<name>.yaml.
+EXAMPLE_VALUES = EXAMPLES_DIR / "values-production.yaml"
 RENDERED = DEPLOY_DIR / "k8s" / "sluice.yaml"
 RELEASE_NAME = "sluice"
 NAMESPACE = "sluice"
 
 HEADER = """\
 # GENERATED FILE - do not edit. The Helm chart deploy/helm/sluice rendered with
-# deploy/helm/sluice/examples/values-example.yaml (release "sluice",
-# namespace "sluice") by `python deploy/render.py`; CI fails when it drifts.
+# {source} (release "sluice", namespace "sluice") by
+# `python deploy/render.py`; CI fails when it drifts.
 """
 
 _DOCUMENT_SEPARATOR = re.compile(r"^---[ \t]*$", re.MULTILINE)
@@ -63,26 +66,28 @@ def _has_content(document: str) -> bool:
     return any(line.strip() and not line.lstrip().startswith("#") for line in document.splitlines())
 
 
-def render_text(values: dict | None = None, **kwargs) -> str:
-    """The manifests as one multi-document YAML stream, like `helm template`."""
-    parts = [HEADER]
+def render_text(values: dict | None = None, *, source: str = "its default values", **kwargs) -> str:
+    """The manifests as one multi-document YAML stream, like `helm template`;
+    `source` names the values in the header."""
+    parts = [HEADER.format(source=source)]
     for template, document in render_documents(values, **kwargs):
         parts.append(f"---\n# Source: {template}\n{document}\n")
     return "".join(parts)
 
 
-def render_example() -> str:
-    return render_text(load_values(EXAMPLE_VALUES))
+def render_default() -> str:
+    """What deploy/k8s/sluice.yaml holds: the chart's own values.yaml, nothing over it."""
+    return render_text(None)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--values", type=Path, default=EXAMPLE_VALUES, help="values file (default: the example)")
+    parser.add_argument("--values", type=Path, default=None, help="values file (default: the chart's own)")
     parser.add_argument("--output", default=str(RENDERED), help="file to write, or - for stdout")
     parser.add_argument("--check", action="store_true", help="compare with --output instead of writing it")
     args = parser.parse_args(argv)
 
-    text = render_text(load_values(args.values))
+    text = render_text(load_values(args.values), source=str(args.values)) if args.values else render_default()
     if args.output == "-":
         sys.stdout.write(text)
         return 0

@@ -88,22 +88,31 @@ imagePullPolicy: {{ $image.pullPolicy }}
   value: {{ .root.Values.logFormat | quote }}
 - name: SLUICE_SHUTDOWN_GRACE_S
   value: {{ int .root.Values.shutdown.graceSeconds | quote }}
-{{- if ne .role "gateway" }}
+# /metrics on its own port in every service (the gateway's public port then
+# serves none).
 - name: SLUICE_METRICS_HOST
   value: "0.0.0.0"
 - name: SLUICE_METRICS_PORT
   value: {{ int .root.Values.metrics.port | quote }}
 {{- end }}
-{{- end }}
 
-{{/* Pod-level settings shared by every role. */}}
+{{/*
+Pod-level settings shared by every role. A role that calls the Kubernetes
+API passes "serviceAccount" (its ServiceAccount's name); the others get no
+token at all.
+*/}}
 {{- define "sluice.podSpecCommon" -}}
 {{- with .root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-# The services never call the Kubernetes API.
+{{- if .serviceAccount }}
+serviceAccountName: {{ .serviceAccount }}
+automountServiceAccountToken: true
+{{- else }}
+# This service never calls the Kubernetes API.
 automountServiceAccountToken: false
+{{- end }}
 terminationGracePeriodSeconds: {{ include "sluice.terminationGracePeriodSeconds" . }}
 securityContext:
   runAsNonRoot: true
