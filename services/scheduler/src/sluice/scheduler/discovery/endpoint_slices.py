@@ -17,6 +17,7 @@ the current stream at once (Watch.stop shuts its socket down) and joins.
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -65,7 +66,8 @@ def kube_api_client() -> client.ApiClient:
         log.info("Kubernetes API: in-cluster service account")
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            # $KUBECONFIG read now: the client's default is fixed when it is imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except (config.ConfigException, OSError) as error:
             raise RuntimeError(
                 "SLUICE_REPLICA_DISCOVERY=endpointslices, but there is no Kubernetes API configuration: not in a "
