@@ -43,10 +43,12 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
     def __init__(self, then: str) -> None:
         self.then = then
         self.streaming = asyncio.Event()
+        self.received: list[router_pb2.GenerateRequest] = []
 
     async def GenerateMany(self, request_iterator, context):
         async for command in request_iterator:
             request_id = command.generate.request_id
+            self.received.append(command.generate)
             yield router_pb2.GenerateEventBatch(events=[
                 router_pb2.RoutedEvent(request_id=request_id, event=router_pb2.GenerateEvent(
                     admitted=router_pb2.Admitted(model_version="tiny@1", prompt_tokens=3, replica_id="r0"))),
@@ -113,9 +115,12 @@ class Harness:
         while self.metrics.registry.get_sample_value("sluice_gateway_streams_active") != 1:
             await asyncio.sleep(0.01)
 
-    def chat(self, stream: bool):
+    def chat(self, stream: bool, idempotency_key: str | None = None):
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
         return self.http.post(
-            "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+            "/v1/chat/completions", headers=headers,
             json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream},
             timeout=10,
         )
@@ -172,3 +177,17 @@ async def test_the_router_session_fails_its_requests_with_router_unavailable():
             async for _ in opened.rest:
                 pass
         assert (lost.value.info.status, lost.value.info.reason) == (grpc.StatusCode.UNAVAILABLE, "router_unavailable")
+
+
+async def test_a_retry_after_a_failed_attempt_carries_the_same_affinity_key():
+    """Each attempt has its own request id, but the router picks the version
+    by the Idempotency-Key, so a retry lands where the first try did."""
+    async with Harness("replica_lost") as harness:
+        for _ in range(2):
+            assert (await harness.chat(stream=False, idempotency_key="order-7")).status_code == 503
+            await harness.background.drain(timeout_s=5)  # the failed attempt released its key
+        await harness.chat(stream=False)
+        first, retry, unkeyed = harness.router.received
+        assert first.request_id != retry.request_id
+        assert first.affinity_key == retry.affinity_key == "order-7"
+        assert unkeyed.affinity_key == ""

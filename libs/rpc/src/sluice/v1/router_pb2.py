@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/router.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\":\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"8\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.sluice.v1.ChatMessage\"\xd6\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.sluice.v1.ChatMessagesH\x00\x12\x15\n\x0bprompt_text\x18\x05 \x01(\tH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.sluice.v1.SamplingParams\x12\x19\n\x11max_output_tokens\x18\x07 \x01(\r\x12.\n\rservice_class\x18\x08 \x01(\x0e\x32\x17.sluice.v1.ServiceClass\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\t \x01(\x01\x12\x10\n\x08\x63ritical\x18\n \x01(\x08\x12\x12\n\ndegradable\x18\x0b \x01(\x08\x12\x16\n\x0e\x61llow_fallback\x18\x0c \x01(\x08\x12\x43\n\rtrace_context\x18\r \x03(\x0b\x32,.sluice.v1.GenerateRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05input\"\xb0\x01\n\rGenerateEvent\x12\'\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32\x13.sluice.v1.AdmittedH\x00\x12!\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x10.sluice.v1.DeltaH\x00\x12\'\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x13.sluice.v1.FinishedH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.sluice.v1.ErrorH\x00\x42\x07\n\x05\x65vent\"\x88\x01\n\x08\x41\x64mitted\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x05 \x03(\t\x12\x19\n\x11output_cap_tokens\x18\x06 \x01(\r\"(\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"[\n\x08\x46inished\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.sluice.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Usage\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"g\n\rRouterCommand\x12.\n\x08generate\x18\x01 \x01(\x0b\x32\x1a.sluice.v1.GenerateRequestH\x00\x12\x1b\n\x11\x63\x61ncel_request_id\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ommand\"<\n\x12GenerateEventBatch\x12&\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x16.sluice.v1.RoutedEvent\"\x83\x01\n\x0bRoutedEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x18.sluice.v1.GenerateEventH\x00\x12*\n\x06\x66\x61iled\x18\x03 \x01(\x0b\x32\x18.sluice.v1.RequestFailedH\x00\x42\t\n\x07outcome\"\x13\n\x11ListModelsRequest\"`\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\t\x12\x1d\n\x15\x63ontext_length_tokens\x18\x03 \x01(\r\x12\x16\n\x0e\x63reated_unix_s\x18\x04 \x01(\x01\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.sluice.v1.ModelInfo2\xe4\x01\n\x06Router\x12\x42\n\x08Generate\x12\x1a.sluice.v1.GenerateRequest\x1a\x18.sluice.v1.GenerateEvent0\x01\x12K\n\x0cGenerateMany\x12\x18.sluice.v1.RouterCommand\x1a\x1d.sluice.v1.GenerateEventBatch(\x01\x30\x01\x12I\n\nListModels\x12\x1c.sluice.v1.ListModelsRequest\x1a\x1d.sluice.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/router.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\":\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"8\n\x0c\x43hatMessages\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.sluice.v1.ChatMessage\"\xec\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\'\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x17.sluice.v1.ChatMessagesH\x00\x12\x15\n\x0bprompt_text\x18\x05 \x01(\tH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.sluice.v1.SamplingParams\x12\x19\n\x11max_output_tokens\x18\x07 \x01(\r\x12.\n\rservice_class\x18\x08 \x01(\x0e\x32\x17.sluice.v1.ServiceClass\x12\x17\n\x0f\x64\x65\x61\x64line_unix_s\x18\t \x01(\x01\x12\x10\n\x08\x63ritical\x18\n \x01(\x08\x12\x12\n\ndegradable\x18\x0b \x01(\x08\x12\x16\n\x0e\x61llow_fallback\x18\x0c \x01(\x08\x12\x43\n\rtrace_context\x18\r \x03(\x0b\x32,.sluice.v1.GenerateRequest.TraceContextEntry\x12\x14\n\x0c\x61\x66\x66inity_key\x18\x0e \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05input\"\xb0\x01\n\rGenerateEvent\x12\'\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32\x13.sluice.v1.AdmittedH\x00\x12!\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x10.sluice.v1.DeltaH\x00\x12\'\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x13.sluice.v1.FinishedH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.sluice.v1.ErrorH\x00\x42\x07\n\x05\x65vent\"\x88\x01\n\x08\x41\x64mitted\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x10\n\x08\x64\x65graded\x18\x05 \x03(\t\x12\x19\n\x11output_cap_tokens\x18\x06 \x01(\r\"(\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"[\n\x08\x46inished\x12.\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x17.sluice.v1.FinishReason\x12\x1f\n\x05usage\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Usage\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"g\n\rRouterCommand\x12.\n\x08generate\x18\x01 \x01(\x0b\x32\x1a.sluice.v1.GenerateRequestH\x00\x12\x1b\n\x11\x63\x61ncel_request_id\x18\x02 \x01(\tH\x00\x42\t\n\x07\x63ommand\"<\n\x12GenerateEventBatch\x12&\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x16.sluice.v1.RoutedEvent\"\x83\x01\n\x0bRoutedEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12)\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x18.sluice.v1.GenerateEventH\x00\x12*\n\x06\x66\x61iled\x18\x03 \x01(\x0b\x32\x18.sluice.v1.RequestFailedH\x00\x42\t\n\x07outcome\"\x13\n\x11ListModelsRequest\"`\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\t\x12\x1d\n\x15\x63ontext_length_tokens\x18\x03 \x01(\r\x12\x16\n\x0e\x63reated_unix_s\x18\x04 \x01(\x01\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.sluice.v1.ModelInfo2\xe4\x01\n\x06Router\x12\x42\n\x08Generate\x12\x1a.sluice.v1.GenerateRequest\x1a\x18.sluice.v1.GenerateEvent0\x01\x12K\n\x0cGenerateMany\x12\x18.sluice.v1.RouterCommand\x1a\x1d.sluice.v1.GenerateEventBatch(\x01\x30\x01\x12I\n\nListModels\x12\x1c.sluice.v1.ListModelsRequest\x1a\x1d.sluice.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,31 +39,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=121
   _globals['_CHATMESSAGES']._serialized_end=177
   _globals['_GENERATEREQUEST']._serialized_start=180
-  _globals['_GENERATEREQUEST']._serialized_end=650
-  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_start=590
-  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_end=641
-  _globals['_GENERATEEVENT']._serialized_start=653
-  _globals['_GENERATEEVENT']._serialized_end=829
-  _globals['_ADMITTED']._serialized_start=832
-  _globals['_ADMITTED']._serialized_end=968
-  _globals['_DELTA']._serialized_start=970
-  _globals['_DELTA']._serialized_end=1010
-  _globals['_FINISHED']._serialized_start=1012
-  _globals['_FINISHED']._serialized_end=1103
-  _globals['_ERROR']._serialized_start=1105
-  _globals['_ERROR']._serialized_end=1143
-  _globals['_ROUTERCOMMAND']._serialized_start=1145
-  _globals['_ROUTERCOMMAND']._serialized_end=1248
-  _globals['_GENERATEEVENTBATCH']._serialized_start=1250
-  _globals['_GENERATEEVENTBATCH']._serialized_end=1310
-  _globals['_ROUTEDEVENT']._serialized_start=1313
-  _globals['_ROUTEDEVENT']._serialized_end=1444
-  _globals['_LISTMODELSREQUEST']._serialized_start=1446
-  _globals['_LISTMODELSREQUEST']._serialized_end=1465
-  _globals['_MODELINFO']._serialized_start=1467
-  _globals['_MODELINFO']._serialized_end=1563
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1565
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1623
-  _globals['_ROUTER']._serialized_start=1626
-  _globals['_ROUTER']._serialized_end=1854
+  _globals['_GENERATEREQUEST']._serialized_end=672
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_start=612
+  _globals['_GENERATEREQUEST_TRACECONTEXTENTRY']._serialized_end=663
+  _globals['_GENERATEEVENT']._serialized_start=675
+  _globals['_GENERATEEVENT']._serialized_end=851
+  _globals['_ADMITTED']._serialized_start=854
+  _globals['_ADMITTED']._serialized_end=990
+  _globals['_DELTA']._serialized_start=992
+  _globals['_DELTA']._serialized_end=1032
+  _globals['_FINISHED']._serialized_start=1034
+  _globals['_FINISHED']._serialized_end=1125
+  _globals['_ERROR']._serialized_start=1127
+  _globals['_ERROR']._serialized_end=1165
+  _globals['_ROUTERCOMMAND']._serialized_start=1167
+  _globals['_ROUTERCOMMAND']._serialized_end=1270
+  _globals['_GENERATEEVENTBATCH']._serialized_start=1272
+  _globals['_GENERATEEVENTBATCH']._serialized_end=1332
+  _globals['_ROUTEDEVENT']._serialized_start=1335
+  _globals['_ROUTEDEVENT']._serialized_end=1466
+  _globals['_LISTMODELSREQUEST']._serialized_start=1468
+  _globals['_LISTMODELSREQUEST']._serialized_end=1487
+  _globals['_MODELINFO']._serialized_start=1489
+  _globals['_MODELINFO']._serialized_end=1585
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1587
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1645
+  _globals['_ROUTER']._serialized_start=1648
+  _globals['_ROUTER']._serialized_end=1876
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "model", "chat", "prompt_text", "sampling", "max_output_tokens", "service_class", "deadline_unix_s", "critical", "degradable", "allow_fallback", "trace_context")
+    __slots__ = ("request_id", "tenant", "model", "chat", "prompt_text", "sampling", "max_output_tokens", "service_class", "deadline_unix_s", "critical", "degradable", "allow_fallback", "trace_context", "affinity_key")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class GenerateRequest(_message.Message):
     DEGRADABLE_FIELD_NUMBER: _ClassVar[int]
     ALLOW_FALLBACK_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    AFFINITY_KEY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model: str
@@ -58,7 +59,8 @@ class GenerateRequest(_message.Message):
     degradable: bool
     allow_fallback: bool
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., deadline_unix_s: _Optional[float] = ..., critical: _Optional[bool] = ..., degradable: _Optional[bool] = ..., allow_fallback: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    affinity_key: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt_text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., max_output_tokens: _Optional[int] = ..., service_class: _Optional[_Union[_common_pb2.ServiceClass, str]] = ..., deadline_unix_s: _Optional[float] = ..., critical: _Optional[bool] = ..., degradable: _Optional[bool] = ..., allow_fallback: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., affinity_key: _Optional[str] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("admitted", "delta", "finished", "error")

@@ -55,7 +55,7 @@ class StreamDeadline:
 
 def generate_request(
     body: ChatCompletionRequest | CompletionRequest, tenant: Tenant, request_id: str, default_max_tokens: int,
-    deadline: StreamDeadline | None = None,
+    deadline: StreamDeadline | None = None, affinity_key: str = "",
 ) -> router_pb2.GenerateRequest:
     service_class = SERVICE_TIERS[body.service_tier]
     request = router_pb2.GenerateRequest(
@@ -68,6 +68,7 @@ def generate_request(
         critical=tenant.critical,
         degradable=tenant.degradable,
         allow_fallback=tenant.allow_fallback,
+        affinity_key=affinity_key,
     )
     if deadline is not None:
         request.deadline_unix_s = deadline.unix_s(service_class, body.output_limit(), time.time())

@@ -83,6 +83,15 @@ def _prepare(version: LoadedVersion, request: router_pb2.GenerateRequest, block_
     return prompt_ids, prompt_block_hashes(prompt_ids, block_size_tokens, cache_salt)
 
 
+def affinity_of(request: router_pb2.GenerateRequest) -> str:
+    """What the version choice hashes: the tenant's Idempotency-Key, so every
+    retry of one request gets the version its first attempt got (keys are
+    only unique per tenant, hence the tenant in it); else the attempt id."""
+    if request.affinity_key:
+        return f"{request.tenant}\0{request.affinity_key}"
+    return request.request_id
+
+
 class Relay:
     def __init__(
         self,
@@ -143,7 +152,7 @@ class Relay:
         try:
             # This request's registry from here to its end, whatever reloads
             # happen meanwhile (live_models).
-            resolved = self._models.resolve(alias, request.request_id)
+            resolved = self._models.resolve(alias, affinity_of(request))
             models, version = resolved.registry, resolved.version
             asked_version = version.spec.version  # the alias's own choice, before any route or fallback
             # Tokenizing and hashing a long prompt take milliseconds: keep the

@@ -144,7 +144,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         request.state.rate_limit_headers = ticket.reservation.status.headers()
         try:
             routed = generate_request(body, tenant, ticket.attempt_id, state.settings.default_max_tokens,
-                                      state.stream_deadline)
+                                      state.stream_deadline, affinity_key=ticket.idempotency_key or "")
             span.set_attribute(spans.REQUEST_ID, ticket.attempt_id)
             inject_trace_context(routed.trace_context)  # the router's spans join this request's trace
             # A request may queue in the scheduler for a while before its
