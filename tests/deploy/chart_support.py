@@ -170,3 +170,7 @@ def peer_components(rule: dict) -> set[str]:
 
 def volumes_by_name(workload: dict) -> dict[str, dict]:
     return {v["name"]: v for v in pod_spec(workload).get("volumes", [])}
+
+
+def selector_of(workload: dict) -> dict[str, str]:
+    return workload["spec"]["selector"]["matchLabels"]
