@@ -28,25 +28,23 @@ What it does, generic over resources (`ResourceKind`):
 
 Test-side methods (`put`, `remove`, `get`, `compact`, `bookmark`,
 `end_watches`, `fail_next`) change state directly and emit the same events;
-`requests` is the log of what the client sent.
+`requests` is the log of what the client sent. The HTTP framing lives in
+kube_http.py, selectors in kube_selectors.py, patches in kube_patches.py.
 """
 
 import copy
-import json
 import re
-import select
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
+from support.kube_http import ApiError, handler_for
 from support.kube_patches import PatchError, json_patch, merge_patch
-from support.kube_selectors import SelectorError, matches_fields, matches_labels
+from support.kube_selectors import matches_fields, matches_labels
 
 Obj = dict[str, Any]
 
@@ -87,18 +85,8 @@ class _Event:
     obj: Obj
 
 
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-    def status(self) -> Obj:
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
-
-
 _PATH = re.compile(r"^/(api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?$")
-_TRUE = {"true", "1"}
+_TRUE = {"true", "1"}  # how clients spell a boolean query parameter
 
 
 class FakeKubeApi:
@@ -119,7 +107,7 @@ class FakeKubeApi:
         self._open_watches = 0
         self._failures: list[int] = []
         self._requests: list[RecordedRequest] = []
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-kube-api", daemon=True)
 
@@ -383,80 +371,3 @@ class FakeKubeApi:
         finally:
             with self._lock:
                 self._open_watches -= 1
-
-
-def _handler_for(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive and chunked streams, as the client's urllib3 pool expects
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def _reply(self, code: int, obj: Obj) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _serve(self, method: str) -> None:
-            parts = urlsplit(self.path)
-            query = dict(parse_qsl(parts.query))
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            try:
-                body = json.loads(raw) if raw else None
-                if method == "GET" and query.get("watch", "").lower() in _TRUE:
-                    self._stream(api.open_watch(parts.path, query, self._client_gone))
-                else:
-                    self._reply(200 if method != "POST" else 201,
-                                api.handle(method, parts.path, query, content_type, body))
-            except ApiError as error:
-                self._reply(error.code, error.status())
-            except (json.JSONDecodeError, SelectorError) as error:
-                self._reply(400, ApiError(400, "BadRequest", str(error)).status())
-
-        def _client_gone(self) -> bool:
-            """The client closed its end (readable with nothing to read); it sends nothing during a watch."""
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            try:
-                return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
-            except OSError:
-                return True
-
-        def _stream(self, events: Iterator[Obj]) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            try:
-                for event in events:
-                    line = json.dumps(event).encode() + b"\n"
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                    self.wfile.flush()
-                self.wfile.write(b"0\r\n\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                self.close_connection = True
-            finally:
-                close = getattr(events, "close", None)
-                if close is not None:
-                    close()  # runs the generator's finally now, so open_watches is exact
-
-        def do_GET(self) -> None:  # noqa: N802 - the http.server hook names
-            self._serve("GET")
-
-        def do_POST(self) -> None:  # noqa: N802
-            self._serve("POST")
-
-        def do_PUT(self) -> None:  # noqa: N802
-            self._serve("PUT")
-
-        def do_PATCH(self) -> None:  # noqa: N802
-            self._serve("PATCH")
-
-        def do_DELETE(self) -> None:  # noqa: N802
-            self._serve("DELETE")
-
-    return Handler
