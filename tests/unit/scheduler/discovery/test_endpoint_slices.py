@@ -191,3 +191,15 @@ async def test_stop_ends_an_open_watch_at_once(api):
 
     assert not discovery._thread.is_alive()
     assert await asyncio.to_thread(api.wait_for, lambda a: a.open_watches == 0)
+
+
+async def test_a_forbidden_list_names_the_permission_it_lacks(api, caplog):
+    api.fail_next(1, 403)
+    seen = Seen()
+    discovery = await running(api, seen)
+    try:
+        await seen.until(set())
+    finally:
+        await discovery.stop()
+    assert any("needs get/list/watch on discovery.k8s.io endpointslices in namespace sluice" in r.getMessage()
+               for r in caplog.records)

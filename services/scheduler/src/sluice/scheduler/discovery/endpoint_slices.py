@@ -139,6 +139,9 @@ class EndpointSliceDiscovery:
                     log.info("EndpointSlice watch expired (410 Gone); listing again")
                     continue
                 problem = f"API answered {error.status} {error.reason}"
+                if error.status in (401, 403):
+                    problem += (f" (the scheduler's ServiceAccount needs get/list/watch on "
+                                f"discovery.k8s.io endpointslices in namespace {self._namespace})")
             except (urllib3.exceptions.HTTPError, OSError) as error:
                 problem = f"connection failed: {error}"
             except Exception as error:  # noqa: BLE001 - a malformed object must not end discovery for good
