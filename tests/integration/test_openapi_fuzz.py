@@ -18,7 +18,7 @@ def test_openapi_document_describes_every_route(stack):
     document = httpx.get(stack.gateway_url + "/openapi.json", timeout=5).json()
     assert set(document["paths"]) == {
         "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/v1/usage",
-        "/healthz", "/health", "/readyz", "/metrics",
+        "/healthz", "/health", "/readyz", "/readyz/route", "/metrics",
     }
     chat = document["paths"]["/v1/chat/completions"]["post"]
     assert {"400", "401", "404", "409", "413", "429", "503"} <= set(chat["responses"])

@@ -259,7 +259,7 @@ class LocalStack:
 
     def _ready(self, client: httpx.Client) -> bool:
         try:
-            if client.get(self.gateway_url + "/readyz").status_code != 200:
+            if client.get(self.gateway_url + "/readyz/route").status_code != 200:
                 return False
             scheduler = client.get(self.metrics_url("scheduler")).text
         except httpx.HTTPError:

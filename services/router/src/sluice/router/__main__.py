@@ -94,7 +94,7 @@ async def _report_readiness(
     server: HealthServer, placement: PlacementClient, scheduler_address: str, interval_s: float = 0.5
 ) -> None:
     """ROUTER_HAS_ROUTE follows the placement stream and the scheduler's
-    ready-replica condition; the gateway's /readyz asks for it."""
+    ready-replica condition; the gateway's /readyz/route asks for it."""
     channel = insecure_channel(scheduler_address)
     health = health_pb2_grpc.HealthStub(channel)
     try:
