@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands of other distributions that `sluice` hands their arguments to,
 # so one console script serves the operator (ledger) and the planner (sim)
 # without the ledger depending on the simulator.
-DELEGATED = {"sim": "sluice.sim.cli", "plan": "sluice.sim.plan_cli", "top": "sluice.top.cli"}
+DELEGATED = {"sim": "sluice.sim.cli", "plan": "sluice.sim.plan_cli", "top": "sluice.top.cli",
+             "rollout": "sluice.rollout.cli"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from typing import Protocol
 
 from sluice.rollout.machine import (
-    Event, Finish, Operator, QualityResult, RollBack, RolloutState, RunQualityCheck, SetWeights, Tick, Transition,
+    Command, Event, Finish, Operator, QualityResult, RollBack, RolloutState, RunQualityCheck, SetWeights, Tick, Transition,
     advance, begin,
 )
 from sluice.rollout.plan import RolloutPlan
@@ -81,9 +81,15 @@ class RolloutController:
         before = self.store.read_command()
         self._last_command_seq = before.seq if before else 0  # commands sent before this rollout are old news
         state = self._apply(begin(plan, self.clock.monotonic_s()))
-        while not state.finished:
-            self.clock.sleep(self.poll_s)
-            state = self._apply(advance(plan, state, self._next_event(state), self.clock.monotonic_s()))
+        try:
+            while not state.finished:
+                self.clock.sleep(self.poll_s)
+                state = self._apply(advance(plan, state, self._next_event(state), self.clock.monotonic_s()))
+        except KeyboardInterrupt:
+            # Stopped (Ctrl-C, SIGTERM to the Job's pod): no one watches the
+            # candidate's gates any more, so it does not keep its traffic.
+            state = self._apply(advance(plan, state, Operator(Command.ABORT), self.clock.monotonic_s()))
+            raise
         return state
 
     def _next_event(self, state: RolloutState) -> Event:
