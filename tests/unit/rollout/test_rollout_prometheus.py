@@ -2,58 +2,16 @@
 /api/v1/query in Prometheus's response shapes (the live rollout test runs
 the same queries on a real Prometheus)."""
 
-import http.server
-import json
-import threading
-import urllib.parse
-
 import pytest
+from rollout_support import FakePrometheus, vector
 
 from sluice.rollout.prometheus import PrometheusError, PrometheusReader, version_queries
 
 
-class FakePrometheus:
-    def __init__(self) -> None:
-        self.answers: dict[str, tuple[int, dict]] = {}  # query -> (status, body)
-        self.queries: list[str] = []
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                parsed = urllib.parse.urlparse(self.path)
-                query = urllib.parse.parse_qs(parsed.query).get("query", [""])[0]
-                owner.queries.append(query)
-                status, body = owner.answers.get(query, (200, vector()))
-                payload = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-
-def vector(*values: str) -> dict:
-    return {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {}, "value": [1700000000.0, value]} for value in values]}}
-
-
 @pytest.fixture()
 def prometheus():
-    fake = FakePrometheus()
-    fake.thread.start()
-    yield fake
-    fake.server.shutdown()
-    fake.server.server_close()
+    with FakePrometheus() as fake:
+        yield fake
 
 
 def test_a_sample_reads_each_versions_quantiles_error_rate_and_requests(prometheus):

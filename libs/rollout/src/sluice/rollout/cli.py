@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -213,7 +214,8 @@ def _start(args: argparse.Namespace, store: RolloutStore, settings: RolloutSetti
                                min_window_s=settings.metrics.min_window_s)
     quality = _quality_check(args, store, settings) if settings.plan.quality_gate else None
     controller = RolloutController(settings.plan, store, metrics, quality, poll_s=settings.poll_s, log=_log)
-    signal.signal(signal.SIGTERM, _interrupt)  # a Job's pod being stopped rolls back like Ctrl-C
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        signal.signal(signal.SIGTERM, _interrupt)  # a Job's pod being stopped rolls back like Ctrl-C
     try:
         state = controller.run()
     except KeyboardInterrupt:
