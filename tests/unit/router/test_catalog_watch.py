@@ -1,15 +1,18 @@
 """The router's catalog watch on a real file and the real registry (the tiny
 models' tokenizers): a content change applies without a restart, a bad one
-is refused once and the last good catalog keeps serving, a request keeps
-the version it resolved to across the swap, ListModels shows the new
-catalog, and the metrics say what is live."""
+is refused once and the last good catalog keeps serving, one refused only
+because a version's files are not there yet is tried again and applies when
+they arrive, a request keeps the version it resolved to across the swap,
+ListModels shows the new catalog, and the metrics say what is live."""
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
 
+import sluice.router.catalog_watch as catalog_watch
 from sluice.router.catalog import parse_catalog
 from sluice.router.catalog_watch import CatalogFile, CatalogWatch, describe_change, publish
 from sluice.router.live_models import LiveModels
@@ -34,6 +37,9 @@ class Clock:
         return self.now_unix_s
 
 
+RETRY_EVERY_POLLS = 3
+
+
 @pytest.fixture
 def watched(tmp_path, tiny_model_dir, small_model_dir):
     path = tmp_path / "models.json"
@@ -43,8 +49,34 @@ def watched(tmp_path, tiny_model_dir, small_model_dir):
     live = LiveModels(ModelRegistry(parse_catalog(found.text, str(path)), created_unix_s=1.0))
     publish(metrics, live.current, live.generation, found.hash_value, 1.0)
     clock = Clock()
-    watch = CatalogWatch(path, live, metrics, interval_s=0.1, applied=found, clock_unix_s=clock)
+    watch = CatalogWatch(path, live, metrics, interval_s=0.1, applied=found, clock_unix_s=clock,
+                         retry_every_polls=RETRY_EVERY_POLLS)
     return path, live, metrics, watch, clock
+
+
+@pytest.fixture
+def registry_builds(monkeypatch) -> list[int]:
+    """How many times the watch tried to load a catalog (the real registry still loads it)."""
+    builds: list[int] = []
+
+    def counted(*args, **kwargs):
+        builds.append(1)
+        return ModelRegistry(*args, **kwargs)
+
+    monkeypatch.setattr(catalog_watch, "ModelRegistry", counted)
+    return builds
+
+
+def copy_tokenizer_files(source: Path, target: Path) -> None:
+    """What the chart's copy sidecar leaves: the small files, tokenizer.json last."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+
+
+def rejection_logs(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
 
 
 def sample(metrics: RouterMetrics, name: str, **labels: str) -> float | None:
@@ -81,7 +113,7 @@ async def test_a_bad_catalog_is_refused_once_and_the_last_good_one_serves(
     before = live.current
     bad_contents = [
         '{"models": [{"name": "m", "versions": [',  # cut short
-        catalog_text(tiny_model_dir, tmp_path / "no-such-model", 50, 50),  # a new version that cannot load
+        catalog_text(tiny_model_dir, tmp_path / "no-such-model", 50, 50),  # a new version's files missing
         catalog_text(tiny_model_dir, tiny_model_dir, 0, 0),  # no weight at all
     ]
     with caplog.at_level(logging.ERROR, logger="sluice.router.catalog_watch"):
@@ -95,6 +127,81 @@ async def test_a_bad_catalog_is_refused_once_and_the_last_good_one_serves(
     assert sample(metrics, "sluice_router_catalog_generation") == 1
     path.unlink()  # gone: refused too, the catalog in memory stays
     assert await watch.check() == "rejected" and live.current is before
+
+
+async def test_a_catalog_refused_for_missing_files_is_retried_and_applies_when_they_arrive(
+        watched, tiny_model_dir, small_model_dir, tmp_path, caplog, registry_builds):
+    path, live, metrics, watch, _ = watched
+    arriving = tmp_path / "arriving" / "v2"  # named by the catalog before its files are there
+    path.write_text(catalog_text(tiny_model_dir, arriving, 50, 50))
+    with caplog.at_level(logging.ERROR, logger="sluice.router.catalog_watch"):
+        assert await watch.check() == "rejected"
+        # Still missing: tried again on the RETRY_EVERY_POLLS-th poll only, never counted again.
+        assert [await watch.check() for _ in range(RETRY_EVERY_POLLS)] == ["unchanged"] * RETRY_EVERY_POLLS
+        assert len(registry_builds) == 2
+        copy_tokenizer_files(small_model_dir, arriving)
+        assert [await watch.check() for _ in range(RETRY_EVERY_POLLS - 1)] == ["unchanged"] * (RETRY_EVERY_POLLS - 1)
+        assert live.generation == 1 and len(registry_builds) == 2
+        assert await watch.check() == "applied"  # the next retry finds the files
+    assert weights(live) == {"v1": 50, "v2": 50}
+    assert live.current.version("v2").spec.path == arriving
+    (message,) = rejection_logs(caplog)  # logged once
+    assert "retried every 3 polls" in message and "tokenizer.json" in message
+    assert sample(metrics, "sluice_router_catalog_reloads_total", outcome="rejected") == 1
+    assert sample(metrics, "sluice_router_catalog_reloads_total", outcome="applied") == 1
+    assert await watch.check() == "unchanged"
+
+
+async def test_a_catalog_refused_for_a_permanent_cause_is_not_tried_again_until_it_changes(
+        watched, tiny_model_dir, small_model_dir, tmp_path, registry_builds):
+    path, live, metrics, watch, _ = watched
+    other = tmp_path / "other-tokenizer"
+    copy_tokenizer_files(tiny_model_dir, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages[0]['content'] }}"  # other token ids for the same chat
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    mismatch = json.loads(catalog_text(tiny_model_dir, other, 50, 50))
+    mismatch["models"][0]["versions"][1]["fallback"] = "v1"  # a stand-in must share the tokenizer
+    path.write_text(json.dumps(mismatch))
+    assert await watch.check() == "rejected"
+    assert [await watch.check() for _ in range(3 * RETRY_EVERY_POLLS)] == ["unchanged"] * (3 * RETRY_EVERY_POLLS)
+    assert len(registry_builds) == 1  # the same bytes are never loaded again
+    mismatch["models"][0]["versions"][1].pop("fallback")  # the operator fixes it: new content, tried at once
+    path.write_text(json.dumps(mismatch))
+    assert await watch.check() == "applied" and len(registry_builds) == 2
+    assert sample(metrics, "sluice_router_catalog_reloads_total", outcome="rejected") == 1
+
+
+async def test_files_that_arrive_wrong_turn_a_retried_catalog_into_a_permanent_refusal(
+        watched, tiny_model_dir, tmp_path, caplog, registry_builds):
+    path, live, metrics, watch, _ = watched
+    arriving = tmp_path / "arriving" / "v2"
+    catalog = json.loads(catalog_text(tiny_model_dir, arriving, 50, 50))
+    catalog["models"][0]["versions"][1]["fallback"] = "v1"
+    path.write_text(json.dumps(catalog))
+    with caplog.at_level(logging.ERROR, logger="sluice.router.catalog_watch"):
+        assert await watch.check() == "rejected"
+        copy_tokenizer_files(tiny_model_dir, arriving)
+        config = json.loads((arriving / "tokenizer_config.json").read_text())
+        config["chat_template"] = "{{ messages[0]['content'] }}"
+        (arriving / "tokenizer_config.json").write_text(json.dumps(config))
+        assert [await watch.check() for _ in range(RETRY_EVERY_POLLS)] == ["unchanged"] * RETRY_EVERY_POLLS
+        assert len(registry_builds) == 2  # retried once, now fails on the tokenizer
+        assert [await watch.check() for _ in range(3 * RETRY_EVERY_POLLS)] == ["unchanged"] * (3 * RETRY_EVERY_POLLS)
+    assert len(registry_builds) == 2  # not retried any more
+    first, last = rejection_logs(caplog)
+    assert "retried every" in first and "no longer retried" in last and "another tokenizer" in last
+    assert sample(metrics, "sluice_router_catalog_reloads_total", outcome="rejected") == 1
+    assert live.generation == 1
+
+
+def test_a_retry_cadence_below_one_poll_is_refused(tmp_path, tiny_model_dir, small_model_dir):
+    path = tmp_path / "models.json"
+    path.write_text(catalog_text(tiny_model_dir, small_model_dir, 100, 0))
+    found = CatalogFile.read(path)
+    live = LiveModels(ModelRegistry(parse_catalog(found.text, str(path)), created_unix_s=1.0))
+    with pytest.raises(ValueError, match="retry_every_polls"):
+        CatalogWatch(path, live, RouterMetrics.create(), 0.1, found, retry_every_polls=0)
 
 
 async def test_a_resolved_request_keeps_its_version_after_it_leaves_the_catalog(

@@ -13,6 +13,16 @@ compares a SHA-256 of the bytes:
               -> ok: swap the registry in (LiveModels), log what changed
               -> any error: keep the live one, log why, count it rejected
 
+A refusal is permanent or transient. Bad JSON, bad weights or two
+versions that share traffic with different tokenizers stay wrong until
+someone edits the catalog: those bytes are not tried again. A new
+version's files missing or unreadable (an OSError) usually means they are
+still arriving: in Kubernetes a sidecar copies a new version's tokenizer
+files while the kubelet swaps in the catalog that names it. So those bytes
+are tried again every `retry_every_polls` polls (not every poll: a load
+that reads a large tokenizer.json before failing costs CPU), still logged
+and counted once, and applied as soon as the files are there.
+
 Streams under way keep the registry they started with (live_models).
 """
 
@@ -34,6 +44,10 @@ log = logging.getLogger(__name__)
 # Bad contents remembered (so each is logged once) until the next apply:
 # an operator's few attempts, not an unbounded history.
 MAX_REMEMBERED_REJECTIONS = 16
+
+# A catalog waiting for its files is tried again every this many polls
+# (10 s at the default 2 s interval).
+DEFAULT_RETRY_EVERY_POLLS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,15 +104,27 @@ def describe_change(old: dict[str, ModelAliasSpec], new: dict[str, ModelAliasSpe
     return "; ".join(parts) or "no change in aliases or weights"
 
 
+@dataclass(slots=True)
+class _Waiting:
+    """The content refused only because files were missing: tried again."""
+    digest: str
+    polls: int = 0  # polls since it was last tried
+
+
 class CatalogWatch:
     def __init__(self, path: Path, live: LiveModels, metrics: RouterMetrics, interval_s: float,
-                 applied: CatalogFile, clock_unix_s: Callable[[], float] = time.time) -> None:
+                 applied: CatalogFile, clock_unix_s: Callable[[], float] = time.time,
+                 retry_every_polls: int = DEFAULT_RETRY_EVERY_POLLS) -> None:
+        if retry_every_polls < 1:
+            raise ValueError(f"retry_every_polls must be >= 1, got {retry_every_polls}")
         self._path = path
         self._live = live
         self._metrics = metrics
         self._interval_s = interval_s
         self._applied_digest = applied.digest
-        self._rejected: set[str] = set()  # digests (or read errors) refused since the last apply
+        self._rejected: set[str] = set()  # digests (or read errors) refused for good since the last apply
+        self._waiting: _Waiting | None = None  # the content last refused for a transient cause
+        self._retry_every_polls = retry_every_polls
         self._clock_unix_s = clock_unix_s
 
     async def run(self) -> None:
@@ -108,37 +134,67 @@ class CatalogWatch:
 
     async def check(self) -> str:
         """One poll: "unchanged", "applied" or "rejected" (an already
-        rejected content again reads as "unchanged": it was counted once)."""
+        rejected content again reads as "unchanged": it was counted once,
+        also while one waiting for its files is tried again and fails)."""
         try:
             found = await asyncio.to_thread(CatalogFile.read, self._path)
         except (OSError, UnicodeDecodeError) as error:
             return self._reject(f"unreadable: {error}", f"cannot read {self._path}: {error}")
         if found.digest == self._applied_digest or found.digest in self._rejected:
             return "unchanged"
+        waiting = self._waiting if self._waiting is not None and self._waiting.digest == found.digest else None
+        retrying = waiting is not None
+        if waiting is not None:
+            waiting.polls += 1
+            if waiting.polls < self._retry_every_polls:
+                return "unchanged"
+            waiting.polls = 0
         previous = self._live.current
         try:
             catalog = parse_catalog(found.text, str(self._path))
             registry = await asyncio.to_thread(ModelRegistry, catalog, self._clock_unix_s(), previous)
-        # Any failure to load the new catalog leaves the live one serving and
-        # the watch running (the tokenizers library raises plain Exception).
+        except OSError as error:  # a version's files missing or unreadable: maybe not there yet
+            return self._wait_for_files(found.digest, f"{type(error).__name__}: {error}", retrying)
+        # Any other failure to load the new catalog leaves the live one
+        # serving and the watch running (the tokenizers library raises plain
+        # Exception); it stays refused until the content changes.
         except Exception as error:  # noqa: BLE001
             reason = str(error) if isinstance(error, ValueError) else f"{type(error).__name__}: {error}"
+            if retrying:  # counted when it first failed; now it fails for good
+                self._waiting = None
+                self._remember(found.digest)
+                log.error("catalog change still rejected, no longer retried; still serving generation %d: %s",
+                          self._live.generation, reason)
+                return "unchanged"
             return self._reject(found.digest, reason)
         self._live.swap(registry)
         self._applied_digest = found.digest
         self._rejected.clear()
+        self._waiting = None
         publish(self._metrics, registry, self._live.generation, found.hash_value, self._clock_unix_s(), previous)
         self._metrics.catalog_reloads_total.labels("applied").inc()
         log.info("catalog %s applied (generation %d, sha256 %s): %s", self._path, self._live.generation,
                  found.digest[:12], describe_change(previous.aliases, registry.aliases))
         return "applied"
 
+    def _wait_for_files(self, digest: str, reason: str, retrying: bool) -> str:
+        if retrying:
+            return "unchanged"
+        self._waiting = _Waiting(digest)
+        self._metrics.catalog_reloads_total.labels("rejected").inc()
+        log.error("catalog change rejected for now (retried every %d polls until its files are there); "
+                  "still serving generation %d: %s", self._retry_every_polls, self._live.generation, reason)
+        return "rejected"
+
     def _reject(self, key: str, reason: str) -> str:
         if key in self._rejected:
             return "unchanged"
-        if len(self._rejected) >= MAX_REMEMBERED_REJECTIONS:
-            self._rejected.clear()
-        self._rejected.add(key)
+        self._remember(key)
         self._metrics.catalog_reloads_total.labels("rejected").inc()
         log.error("catalog change rejected; still serving generation %d: %s", self._live.generation, reason)
         return "rejected"
+
+    def _remember(self, key: str) -> None:
+        if len(self._rejected) >= MAX_REMEMBERED_REJECTIONS:
+            self._rejected.clear()
+        self._rejected.add(key)
