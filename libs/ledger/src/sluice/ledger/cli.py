@@ -12,6 +12,7 @@
     sluice sim ...      the simulator (sluice.sim.cli; `sluice sim --help`)
     sluice plan ...     the capacity planner (sluice.sim.plan_cli)
     sluice top ...      a live terminal view of the fleet's /metrics (sluice.top.cli)
+    sluice rollout ...  model version upgrades in gated steps (sluice.rollout.cli)
 
 The database is SLUICE_DATABASE_URL, or `.sluice/ledger.db` under the current
 directory. Every command migrates first, so a fresh database just works.
