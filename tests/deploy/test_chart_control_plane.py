@@ -2,13 +2,12 @@
 every replica pod through EndpointSlices with a Role allowing that alone, the
 rollout identity may touch the catalog ConfigMap alone, the router sees its
 catalog through a directory mount (hot reload) and each version's tokenizer
-files without the weights, and the catalog agrees with the replicas."""
+files without the weights (test_chart_tokenizer_sync.py), and the catalog
+agrees with the replicas."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 helm = pytest.importorskip("helm_python", reason="pip install helm-python-sdk")
 
 from chart_support import (  # noqa: E402
-    CHART_DIR,
     component,
     containers,
     deployments,
@@ -31,9 +29,6 @@ from chart_support import (  # noqa: E402
     volumes_by_name,
     with_version_volume,
 )
-
-COPY_TOKENIZERS = CHART_DIR / "files" / "copy-tokenizers.py"
-
 
 @pytest.fixture(scope="module")
 def production_objects() -> list[dict]:
@@ -128,7 +123,7 @@ def test_rollout_rbac_is_on_by_default_and_can_be_turned_off() -> None:
 
 def test_the_catalog_is_a_directory_mount_so_the_kubelet_updates_it_in_place(production_objects) -> None:
     router = the_deployment(production_objects, "router")
-    (container,) = containers(router)
+    (container,) = [c for c in containers(router) if c["name"] == "router"]
     models_file = Path(env_of(container)["SLUICE_MODELS_FILE"]["value"])
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "catalog"]
     assert mount["mountPath"] == str(models_file.parent)
@@ -149,55 +144,7 @@ def test_by_default_a_weight_change_leaves_the_router_pods_alone(production_obje
     assert rolled["checksum/catalog"] != rolled_again["checksum/catalog"]
 
 
-@pytest.mark.parametrize("values_factory", [example_values, with_version_volume], ids=["example", "own-volume"])
-def test_the_router_container_sees_tokenizer_copies_never_the_model_volume(values_factory) -> None:
-    values = values_factory()
-    objects = render_objects(values)
-    router = the_deployment(objects, "router")
-    (container,) = containers(router)
-    (init,) = pod_spec(router)["initContainers"]
-    volumes = volumes_by_name(router)
-    model_volumes = {name for name, v in volumes.items() if "emptyDir" not in v and "configMap" not in v}
-    assert model_volumes  # the init container reads them ...
-    assert {m["name"] for m in container["volumeMounts"]}.isdisjoint(model_volumes)  # ... the router never does
-    assert {m["name"] for m in init["volumeMounts"] if m.get("readOnly")} == model_volumes
-    assert "emptyDir" in volumes["tokenizers"]
-    # The copy lands where the catalog says each version is, as the router mounts it.
-    args = init["args"]
-    targets = dict(zip(args[0::2], args[1::2])).values()
-    tokenizer_mounts = [m for m in container["volumeMounts"] if m["name"] == "tokenizers"]
-    seen_at = {}
-    for target in targets:
-        (mount,) = [m for m in tokenizer_mounts if target.startswith(f"/tokenizers/{m['subPath']}/")]
-        assert mount["readOnly"] is True
-        seen_at[target] = mount["mountPath"] + target.removeprefix(f"/tokenizers/{mount['subPath']}")
-    catalog_paths = sorted(v["path"] for m in catalog_of(objects)["models"] for v in m["versions"])
-    assert sorted(seen_at.values()) == catalog_paths
-
-
-def test_copy_tokenizers_copies_what_the_router_loads_and_no_weights(tiny_model_dir, tmp_path) -> None:
-    """The init container's script, run here on the tiny checkpoint: the
-    router's own loader then works on the copy alone."""
-    from sluice.router.models import TOKENIZER_FILES, tokenizer_digest
-    from sluice.tokenization.tokenizer import Tokenizer
-
-    target = tmp_path / "tokenizers" / "tiny-llama"
-    result = subprocess.run([sys.executable, "-c", COPY_TOKENIZERS.read_text(), str(tiny_model_dir), str(target)],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    copied = {p.name for p in target.iterdir()}
-    assert not any(name.endswith((".safetensors", ".bin", ".pt")) for name in copied)
-    assert {name for name in TOKENIZER_FILES if (tiny_model_dir / name).is_file()} <= copied
-    assert tokenizer_digest(target) == tokenizer_digest(tiny_model_dir)
-    assert Tokenizer.from_pretrained(target).encode("hello") == Tokenizer.from_pretrained(tiny_model_dir).encode("hello")
-
-
-def test_copy_tokenizers_fails_clearly_on_a_checkpoint_without_a_tokenizer(tmp_path) -> None:
-    (tmp_path / "empty").mkdir()
-    result = subprocess.run([sys.executable, "-c", COPY_TOKENIZERS.read_text(), str(tmp_path / "empty"),
-                             str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    assert "has no tokenizer.json" in result.stderr
+# The tokenizer copy (init container and sidecar): test_chart_tokenizer_sync.py.
 
 
 @pytest.mark.parametrize("values_factory", [example_values, with_version_volume], ids=["example", "own-volume"])

@@ -82,10 +82,12 @@ def test_the_cpu_example_asks_for_no_gpu_and_tolerates_no_gpu_taint() -> None:
 def test_every_grpc_container_has_native_grpc_probes(production_objects) -> None:
     for role in GRPC_ROLES:
         for deployment in deployments(production_objects, role):
-            for container in containers(deployment):
-                grpc_port = port_of(container, "grpc")
-                for probe in ("readinessProbe", "livenessProbe"):
-                    assert container[probe]["grpc"] == {"port": grpc_port}, (role, probe)
+            # The role's own container (the router's tokenizer-sync sidecar
+            # serves no gRPC; its exec probes: test_chart_tokenizer_sync.py).
+            (container,) = [c for c in containers(deployment) if c["name"] == role]
+            grpc_port = port_of(container, "grpc")
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert container[probe]["grpc"] == {"port": grpc_port}, (role, probe)
 
 
 def test_replica_probes_wait_for_model_load_and_restart_later_than_they_unready(production_objects) -> None:
@@ -102,7 +104,7 @@ def test_replica_probes_wait_for_model_load_and_restart_later_than_they_unready(
 def test_termination_grace_exceeds_the_shutdown_grace(production_objects) -> None:
     for workload in workloads(production_objects):
         pod = pod_spec(workload)
-        (container,) = pod["containers"]
+        (container,) = [c for c in pod["containers"] if c["name"] == component(workload)]  # the role's own
         shutdown_grace_s = float(env_of(container)["SLUICE_SHUTDOWN_GRACE_S"]["value"])
         assert pod["terminationGracePeriodSeconds"] > shutdown_grace_s, workload["metadata"]["name"]
 
