@@ -182,5 +182,5 @@ def test_the_pod_monitor_scrapes_a_port_every_sluice_pod_has(example_objects) ->
     assert pods
     for pod in pods:
         assert selector.items() <= pod["metadata"]["labels"].items()
-        ports = {p["name"] for c in pod["spec"]["containers"] for p in c["ports"]}
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         assert ports & endpoint_ports, pod["metadata"]["labels"]
