@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1.7
 #
 # Replica image: the GPU data plane (CUDA torch, Triton kernels, the native
-# CPU kernels, model, engine).
+# CPU kernels, model, engine), and `sluice rollout` with its quality extra:
+# the chart's rollout Job runs here, since its quality check loads both
+# versions' weights with torch and the model code.
 #
 # Build from the repository root (the context must be the repo):
 #   docker build -f docker/replica.Dockerfile -t sluice/replica:0.1.0 .
@@ -50,35 +52,41 @@ COPY constraints.txt constraints.txt
 # and the part that changes least.
 RUN pip wheel --wheel-dir /wheels/torch -c constraints.txt \
         "torch==${TORCH_VERSION}" "setuptools==${SETUPTOOLS_VERSION}"
-# Every local distribution the replica needs, transitively.
+# Every local distribution the replica and `sluice-rollout[quality]` need,
+# transitively (the rollout's quality runner reads tokenizers through
+# sluice-tokenization).
 COPY libs/outcomes libs/outcomes
 COPY libs/telemetry libs/telemetry
 COPY libs/rpc libs/rpc
 COPY libs/config libs/config
+COPY libs/tokenization libs/tokenization
 COPY libs/engine libs/engine
 COPY libs/kernels libs/kernels
 COPY libs/model libs/model
+COPY libs/rollout libs/rollout
 COPY services/replica services/replica
 # 1. The repository's own distributions, from these folders and nothing else
 #    (--no-deps: no resolver, no index). sluice-kernels compiles its native
 #    CPU kernels here; they are optional in setup.py, so a failed compile
 #    would pass silently: the check after it makes that a build error.
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels/local \
-        ./libs/outcomes ./libs/telemetry ./libs/rpc ./libs/config ./libs/engine \
-        ./libs/kernels ./libs/model ./services/replica \
+        ./libs/outcomes ./libs/telemetry ./libs/rpc ./libs/config ./libs/tokenization ./libs/engine \
+        ./libs/kernels ./libs/model ./libs/rollout ./services/replica \
     && python -c "import glob, zipfile; \
 names = zipfile.ZipFile(glob.glob('/wheels/local/sluice_kernels-*.whl')[0]).namelist(); \
 missing = [k for k in ('_paged_attention_cpu', '_argmax_cpu') if not any(k in n and n.endswith('.so') for n in names)]; \
 assert not missing, f'native CPU kernels not compiled: {missing}'"
 # 2. Their third-party dependencies at the versions constraints.txt locks,
-#    with the Triton extra of the kernels. The local wheels are named as
-#    files, so pip takes every sluice-* it needs from them and never looks one
-#    up on the index; a local distribution left out of step 1 would be looked
-#    up there instead, so the build refuses any sluice-* wheel that step 1
-#    did not build (tests/deploy/test_image_install_sets.py finds such a gap
-#    before any build).
+#    with the Triton extra of the kernels and the quality extra of the
+#    rollout. The local wheels are named as files, so pip takes every
+#    sluice-* it needs from them and never looks one up on the index; a
+#    local distribution left out of step 1 would be looked up there instead,
+#    so the build refuses any sluice-* wheel that step 1 did not build
+#    (tests/deploy/test_image_install_sets.py finds such a gap before any
+#    build).
 RUN pip wheel --wheel-dir /wheels/all --find-links /wheels/torch -c constraints.txt \
-        "torch==${TORCH_VERSION}" "setuptools==${SETUPTOOLS_VERSION}" "sluice-kernels[triton]" /wheels/local/*.whl \
+        "torch==${TORCH_VERSION}" "setuptools==${SETUPTOOLS_VERSION}" \
+        "sluice-kernels[triton]" "sluice-rollout[quality]" /wheels/local/*.whl \
     && for wheel in /wheels/all/sluice_*.whl; do \
            test -e "/wheels/local/${wheel##*/}" \
                || { echo "${wheel##*/} was not built from this repository" >&2; exit 1; }; \
@@ -94,8 +102,8 @@ RUN --mount=type=bind,from=build,source=/wheels/torch,target=/wheels \
     pip install --no-index --find-links /wheels "torch==${TORCH_VERSION}"
 RUN --mount=type=bind,from=build,source=/wheels/all,target=/wheels \
     pip install --no-index --find-links /wheels \
-        sluice-outcomes sluice-telemetry sluice-rpc sluice-config sluice-engine \
-        "sluice-kernels[triton]" sluice-model sluice-replica
+        sluice-outcomes sluice-telemetry sluice-rpc sluice-config sluice-tokenization sluice-engine \
+        "sluice-kernels[triton]" sluice-model "sluice-rollout[quality]" sluice-replica
 # Non-root; the numeric uid matches runAsUser in the Helm chart.
 RUN groupadd --system --gid 10001 sluice \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/sluice --create-home sluice

@@ -150,6 +150,15 @@ def test_replica_install_set_has_cuda_torch_triton_and_the_kernels(resolved: dic
     assert {"sluice-replica", "sluice-model", "sluice-kernels", "sluice-engine"} <= set(installed)
 
 
+def test_replica_install_set_has_the_rollout_with_its_quality_extra(resolved: dict[str, Resolution]) -> None:
+    # The chart's rollout Job runs in the replica image: the quality check
+    # loads both versions with torch and the model code.
+    installed = resolved["replica"].installed
+    assert "sluice-rollout[quality]" in install_set("replica").requirements
+    rollout = DISTRIBUTIONS["sluice-rollout"]
+    assert {"sluice-rollout", *rollout.requires, *rollout.extras["quality"]} <= set(installed)
+
+
 @pytest.mark.parametrize(("image", "dropped", "needed_by"), [
     ("control-plane", "./libs/limits", "sluice-gateway"),
     ("replica", "./libs/engine", "sluice-replica"),
