@@ -15,26 +15,18 @@ none, so their conditions are only parsed.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import json
 import math
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import yaml
 
-from sluice.devstack.stack import free_port
+from support.prometheus_server import load_observability_module, running_prometheus
 
 pytestmark = pytest.mark.stack
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-OBSERVABILITY_DIR = REPO_ROOT / "deploy" / "observability"
 SCRAPE_INTERVAL_S = 1.0
 STREAMED_REQUESTS = 20
 FLEX_REQUESTS = 3
@@ -52,17 +44,8 @@ EMPTY_IN_A_HEALTHY_RUN = {
 }
 
 
-def _load(name: str, path: Path):
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-prometheus_local = _load("sluice_prometheus_local", OBSERVABILITY_DIR / "prometheus_local.py")
-rules = _load("rules", OBSERVABILITY_DIR / "rules.py")
+prometheus_local = load_observability_module("prometheus_local")
+rules = load_observability_module("rules")
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -81,41 +64,8 @@ def dashboard_queries() -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def prometheus(stack, tmp_path_factory: pytest.TempPathFactory):
     """Prometheus on a loopback port scraping `stack`; stopped after the module."""
-    assert shutil.which("prometheus"), "prometheus is missing: run `make observability-tools`"
-    directory = tmp_path_factory.mktemp("prometheus")
-    ports = stack.ports
-    targets = prometheus_local.Targets(
-        gateway=f"127.0.0.1:{ports.gateway}", router=f"127.0.0.1:{ports.router_metrics}",
-        scheduler=f"127.0.0.1:{ports.scheduler_metrics}",
-        replicas=tuple(f"127.0.0.1:{ports.replica_metrics_port(i)}" for i in range(stack.num_replicas)),
-    )
-    config = directory / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_local.scrape_config(targets, interval_s=SCRAPE_INTERVAL_S)))
-    listen = f"127.0.0.1:{free_port()}"
-    log = open(directory / "prometheus.log", "wb")
-    process = subprocess.Popen(prometheus_local.prometheus_command(config, directory / "data", listen),
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://{listen}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, (directory / "prometheus.log").read_text()
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "prometheus did not get ready"
-            time.sleep(0.2)
+    with running_prometheus(stack, tmp_path_factory.mktemp("prometheus"), SCRAPE_INTERVAL_S) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def query(url: str, expr: str) -> dict:

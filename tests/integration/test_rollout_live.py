@@ -14,9 +14,7 @@ step.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,12 +25,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from sluice.devstack.catalog import V1, V2, two_versions
-from sluice.devstack.stack import LocalStack, StackPorts, free_port
+from sluice.devstack.stack import LocalStack, StackPorts
 from sluice.rollout.local_store import LocalCatalogStore
 from sluice.rollout.weights import alias_weights
+from support.prometheus_server import running_prometheus
 
 pytestmark = pytest.mark.stack
 
@@ -48,16 +46,6 @@ LENIENT_GATES = ["--max-ttft-p99-s", "30", "--max-itl-p99-s", "10", "--max-error
                  "--max-ttft-p99-ratio", "off", "--max-itl-p99-ratio", "off", "--max-error-rate-increase", "off"]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while decorating
-    spec.loader.exec_module(module)
-    return module
-
-
-prometheus_local = _load("sluice_prometheus_local_rollout", REPO_ROOT / "deploy" / "observability" /
-                         "prometheus_local.py")
 
 
 @pytest.fixture(scope="module")
@@ -75,40 +63,9 @@ def two_version_stack(tiny_model_dir, small_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def prometheus(two_version_stack, tmp_path_factory):
-    assert shutil.which("prometheus"), "prometheus is missing: run `make observability-tools`"
-    stack = two_version_stack
-    directory = tmp_path_factory.mktemp("rollout-prometheus")
-    ports = stack.ports
-    targets = prometheus_local.Targets(
-        gateway=f"127.0.0.1:{ports.gateway}", router=f"127.0.0.1:{ports.router_metrics}",
-        scheduler=f"127.0.0.1:{ports.scheduler_metrics}",
-        replicas=tuple(f"127.0.0.1:{ports.replica_metrics_port(i)}" for i in range(stack.num_replicas)),
-    )
-    config = directory / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_local.scrape_config(targets, interval_s=SCRAPE_INTERVAL_S)))
-    listen = f"127.0.0.1:{free_port()}"
-    with open(directory / "prometheus.log", "wb") as log:
-        process = subprocess.Popen(prometheus_local.prometheus_command(config, directory / "data", listen),
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                assert process.poll() is None, (directory / "prometheus.log").read_text()
-                try:
-                    if httpx.get(f"http://{listen}/-/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "prometheus did not get ready"
-                time.sleep(0.2)
-            yield f"http://{listen}"
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with running_prometheus(two_version_stack, tmp_path_factory.mktemp("rollout-prometheus"),
+                            SCRAPE_INTERVAL_S) as url:
+        yield url
 
 
 class SteadyLoad:
