@@ -1,8 +1,10 @@
 """Policies every rendering of the chart keeps (the defaults, each example
 and the variants in chart_support.renderings): pinned images, resources and
-probes on every container, non-root pods on a read-only root, no token where
-no Kubernetes API is called, and every Secret key the chosen backends need
-required rather than optional."""
+probes on every long-running container, non-root pods on a read-only root,
+no token where no Kubernetes API is called, and every Secret key the chosen
+backends need required rather than optional. Pods are those of the
+Deployments and of the rollout Job (the two-versions example renders it); a
+Job's container runs to completion, so it needs no probes."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from chart_support import (  # noqa: E402
     deployments,
     env_of,
     example_values,
+    of_kind,
     pod_spec,
     render_objects,
     renderings,
@@ -25,6 +28,16 @@ from chart_support import (  # noqa: E402
 )
 
 RENDERINGS = renderings()
+
+
+def pod_templates(objects: list[dict]) -> list[dict]:
+    """Every object with a pod template: the long-running workloads and the Jobs."""
+    return workloads(objects) + of_kind(objects, "Job")
+
+
+def test_some_rendering_has_a_job() -> None:
+    # Otherwise the policies below would check no Job at all.
+    assert of_kind(render_objects(example_values("two-versions")), "Job")
 
 
 @pytest.fixture(scope="module", params=sorted(RENDERINGS))
@@ -35,7 +48,7 @@ def rendered(request) -> tuple[dict | None, list[dict]]:
 
 def test_images_are_pinned_never_latest_and_pulled_if_not_present(rendered) -> None:
     _, objects = rendered
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         for container in all_containers(workload):
             repository, _, tag = container["image"].rpartition(":")
             assert repository and tag and tag != "latest", container["image"]
@@ -45,18 +58,19 @@ def test_images_are_pinned_never_latest_and_pulled_if_not_present(rendered) -> N
 
 def test_every_container_has_resources_and_every_long_running_one_probes(rendered) -> None:
     _, objects = rendered
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         for container in all_containers(workload):
             resources = container["resources"]
             assert resources["requests"]["cpu"] and resources["requests"]["memory"], container["name"]
             assert resources["limits"]["memory"], container["name"]
-        for container in containers(workload):  # init containers run to completion: no probes
+    for workload in workloads(objects):  # not Jobs: they run to completion
+        for container in containers(workload):  # nor init containers
             assert container["readinessProbe"] and container["livenessProbe"], container["name"]
 
 
 def test_pods_run_as_non_root_on_a_read_only_root(rendered) -> None:
     _, objects = rendered
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         pod = pod_spec(workload)
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
@@ -66,13 +80,16 @@ def test_pods_run_as_non_root_on_a_read_only_root(rendered) -> None:
             assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
 
 
-def test_only_the_scheduler_mounts_an_api_token(rendered) -> None:
+def test_only_the_scheduler_and_the_rollout_job_mount_an_api_token(rendered) -> None:
     _, objects = rendered
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         pod = pod_spec(workload)
         if component(workload) == "scheduler":
             assert pod["automountServiceAccountToken"] is True
             assert pod["serviceAccountName"] == workload["metadata"]["name"]
+        elif workload["kind"] == "Job" and component(workload) == "rollout":
+            assert pod["automountServiceAccountToken"] is True
+            assert pod["serviceAccountName"] == "sluice-rollout"  # the catalog ConfigMap's Role only
         else:
             assert pod["automountServiceAccountToken"] is False
             assert "serviceAccountName" not in pod
@@ -80,7 +97,7 @@ def test_only_the_scheduler_mounts_an_api_token(rendered) -> None:
 
 def test_no_secret_key_is_optional(rendered) -> None:
     _, objects = rendered
-    for workload in workloads(objects):
+    for workload in pod_templates(objects):
         for container in all_containers(workload):
             for env in container.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
