@@ -86,7 +86,7 @@ Fails, naming the value to fix, when the Job could not do its work.
 {{- fail (printf "rollout.job.candidate %q is not a version of alias %q in modelVersions (it has: %s)" $job.candidate $job.alias (join ", " $names)) }}
 {{- end }}
 {{- if lt (len $versions) 2 }}
-{{- fail (printf "rollout.job: alias %q has no version besides %q to roll out from" $job.alias $job.candidate) }}
+{{- fail (printf "rollout.job: alias %q has no version besides %q to roll out from (a finished rollout: set rollout.job.enabled false)" $job.alias $job.candidate) }}
 {{- end }}
 {{- if $job.serving }}
 {{- if or (eq $job.serving $job.candidate) (not (has $job.serving $names)) }}
