@@ -36,12 +36,13 @@ def request_parent(carrier: Mapping[str, str] | None) -> Context:
     return otel_context.get_current()
 
 
-def end_with_outcome(span: Span, outcome: str, *, failed: bool = False) -> None:
-    """Record how the request's part here ended, and end the span."""
+def end_with_outcome(span: Span, outcome: str, *, failed: bool = False, end_time_ns: int | None = None) -> None:
+    """Record how the request's part here ended, and end the span (now, or
+    at `end_time_ns` for a span built after the fact)."""
     span.set_attribute(OUTCOME, outcome)
     if failed:
         span.set_status(Status(StatusCode.ERROR, outcome))
-    span.end()
+    span.end(end_time=end_time_ns)
 
 
 def child_context(span: Span) -> Context:

@@ -34,6 +34,12 @@ def tracing_requested(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
 
 
+def tracing_installed() -> bool:
+    """Whether configure_tracing (or a test) installed an SDK provider: what
+    lets a hot path skip even the bookkeeping for spans it would not record."""
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
 def make_tracer_provider(service_name: str, exporter: SpanExporter) -> TracerProvider:
     """An SDK provider exporting through `exporter` in batches, named
     `service_name` (what a trace view shows per span). Tests pass their own
