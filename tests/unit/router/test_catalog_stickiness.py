@@ -102,3 +102,16 @@ def test_a_remembered_version_that_left_the_alias_or_went_to_zero_is_not_used(li
     live.swap(live_factory(0, 100, previous=live.current))
     live.swap(live_factory(100, 50, names=("v1", "v3"), previous=live.current))  # v2 gone from the alias
     assert {live.resolve("m", i).version.spec.version for i in on_v2} <= {"v1", "v3"}
+
+
+def test_an_id_no_retry_brings_back_is_not_remembered(live_factory):
+    """An attempt id (no Idempotency-Key) is unique: it gets the hashed
+    choice and leaves the memory to the keys that can come back."""
+    clock = Clock()
+    assignments = RecentAssignments()
+    live = LiveModels(live_factory(90, 10), assignments, clock)
+    chosen = {i: live.resolve("m", i, remember=False).version.spec.version for i in IDS[:200]}
+    assert chosen == {i: pick_version(alias(90, 10), i).version for i in IDS[:200]}
+    assert len(assignments) == 0
+    live.resolve("m", IDS[0])
+    assert len(assignments) == 1

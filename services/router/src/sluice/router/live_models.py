@@ -33,20 +33,26 @@ class LiveModels:
                  clock_s: Callable[[], float] = time.monotonic) -> None:
         self.current = registry
         self.generation = 1  # catalogs applied since start, this one included
-        self._assignments = assignments or RecentAssignments()
+        # Not `or`: an empty memory is falsy (it has a length), and the one
+        # given carries the configured TTL and bound.
+        self._assignments = assignments if assignments is not None else RecentAssignments()
         self._clock_s = clock_s
 
     def swap(self, registry: ModelRegistry) -> None:
         self.current = registry
         self.generation += 1
 
-    def resolve(self, alias_name: str, request_id: str) -> Resolved:
+    def resolve(self, alias_name: str, request_id: str, *, remember: bool = True) -> Resolved:
         """The alias's version for this id: the one it was given recently if
-        the alias still sends traffic there, else the hashed weighted choice."""
+        the alias still sends traffic there, else the hashed weighted choice.
+        `remember=False` for an id no retry will bring back (an attempt id,
+        unique per attempt): it would only crowd the memory."""
         registry = self.current
         alias = registry.alias(alias_name)  # MODEL_NOT_FOUND for an unknown alias
         if len(alias.versions) == 1:  # nothing to choose or remember
             return Resolved(registry, registry.version(alias.versions[0].version))
+        if not remember:
+            return Resolved(registry, registry.version(pick_version(alias, request_id).version))
         now_s = self._clock_s()
         remembered = self._assignments.recall(alias_name, request_id, now_s)
         version = remembered if remembered is not None and alias.serves(remembered) else \

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.outcomes import Reason
-from sluice.router.catalog import ModelAliasSpec, ModelVersionSpec, pick_version
+from sluice.router.catalog import ModelAliasSpec, ModelVersionSpec
 from sluice.rpc.errors import ServiceError
 from sluice.tokenization.tokenizer import Tokenizer
 
@@ -114,10 +114,6 @@ class ModelRegistry:
         if alias is None:
             raise ServiceError.of(Reason.MODEL_NOT_FOUND, f"The model `{alias_name}` does not exist.")
         return alias
-
-    def resolve(self, alias_name: str, request_id: str) -> LoadedVersion:
-        """The hashed weighted choice alone (live_models adds the memory of recent ids)."""
-        return self._versions[pick_version(self.alias(alias_name), request_id).version]
 
     def versions_of(self, alias_name: str) -> list[LoadedVersion]:
         return [self._versions[spec.version] for spec in self.aliases[alias_name].versions]

@@ -152,7 +152,7 @@ class Relay:
         try:
             # This request's registry from here to its end, whatever reloads
             # happen meanwhile (live_models).
-            resolved = self._models.resolve(alias, affinity_of(request))
+            resolved = self._models.resolve(alias, affinity_of(request), remember=bool(request.affinity_key))
             models, version = resolved.registry, resolved.version
             asked_version = version.spec.version  # the alias's own choice, before any route or fallback
             # Tokenizing and hashing a long prompt take milliseconds: keep the
