@@ -73,3 +73,37 @@ async def test_a_consumer_that_stops_leaves_the_rest_in_the_source():
         await asyncio.sleep(0)  # the pump runs as far as it may
     assert pulled <= 3  # one item ahead, no queue of its own behind a stalled consumer
     await stream.aclose()
+
+
+class _Woken:
+    """A Wakeable source shaped like the router session's RequestEvents:
+    a queue of items, and wake() makes a pending read return None."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks_at_start = len(asyncio.all_tasks())
+
+    def wake(self) -> None:
+        if self.queue.empty():
+            self.queue.put_nowait(None)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        item = await self.queue.get()
+        if item == "end":
+            raise StopAsyncIteration
+        return item
+
+
+async def test_a_wakeable_source_is_read_without_a_pump_task_and_gets_heartbeats():
+    source = _Woken()
+    stream = with_heartbeat(source, interval_s=0.05)
+    source.queue.put_nowait(1)
+    assert await stream.__anext__() == 1
+    assert len(asyncio.all_tasks()) == source.tasks_at_start  # read in the consumer's own task
+    assert await asyncio.wait_for(stream.__anext__(), 1) is None  # the silence got a heartbeat
+    source.queue.put_nowait(2)
+    source.queue.put_nowait("end")
+    assert [item async for item in stream if item is not None] == [2]

@@ -161,3 +161,26 @@ def test_the_bound_is_at_least_one_and_the_shared_setting_defaults_to_the_librar
     assert SluiceSettings().stream_buffer_events == DEFAULT_MAX_UNDELIVERED_EVENTS
     with pytest.raises(ValueError):
         MultiplexClient(None, lost=Reason.REPLICA_LOST, max_undelivered_events=0)
+
+
+async def test_wake_ends_a_pending_read_with_none_and_never_piles_up_behind_events():
+    async with Harness(tokens_per_request=3) as harness:
+        (stream,) = await harness.open("woken")
+        pending = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.01)
+        assert not pending.done()
+        stream.wake()
+        assert await asyncio.wait_for(pending, 5) is None
+        harness.replica.step(2)
+        await until(lambda: harness.replica._sent.get("woken") == 2)
+        await until(lambda: stream._queue.qsize() == 2)
+        for _ in range(5):
+            stream.wake()  # events are waiting: no marker joins them
+        assert [token_of(await stream.__anext__()) for _ in range(2)] == [0, 1]
+        assert stream._queue.empty()
+        harness.replica.step(2)  # the last token, then the finish
+        events = [event async for event in stream]
+        assert [e.WhichOneof("event") for e in events] == ["tokens", "finished"]
+        stream.wake()  # after the end: nothing to wake
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()

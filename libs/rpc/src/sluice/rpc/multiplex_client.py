@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 # bound caps that too.)
 DEFAULT_MAX_UNDELIVERED_EVENTS = 256
 
+_WAKE = object()  # RequestEvents.wake's marker in a request's queue
+
 
 @dataclass(frozen=True, slots=True)
 class MultiplexProtocol(Generic[Event]):
@@ -172,16 +174,28 @@ class RequestEvents(Generic[Event]):
     def __aiter__(self) -> RequestEvents[Event]:
         return self
 
-    async def __anext__(self) -> Event:
+    async def __anext__(self) -> Event | None:
+        """The next event; None once after each `wake` that found nothing queued."""
         if self._done:
             raise StopAsyncIteration
         item = await self._queue.get()
+        if item is _WAKE:
+            return None
         if isinstance(item, ServiceError):
             self._done = True
             raise item
         if self._call.protocol.is_last(item):
             self._done = True
         return item
+
+    def wake(self) -> None:
+        """Make the pending (or next) read return None, unless an event is
+        already waiting to be read: a reader's timer (an SSE keep-alive) gets
+        a turn without a task of its own reading ahead. A marker never piles
+        up behind events, so a reader held back counts only real events
+        against `max_undelivered_events`."""
+        if not self._done and self._queue.empty():
+            self._queue.put_nowait(_WAKE)  # type: ignore[arg-type]
 
     def cancel(self) -> None:
         """Stop the request at the peer. A no-op once it ended."""

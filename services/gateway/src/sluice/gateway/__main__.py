@@ -28,6 +28,7 @@ def main() -> None:
             timeout_graceful_shutdown=int(settings.shutdown_grace_s),
             access_log=False,
             http=edge_protocol(limits),
+            loop="auto",  # uvloop where installed (a gateway dependency off Windows), else asyncio
             timeout_keep_alive=int(settings.http_keep_alive_timeout_s),
             h11_max_incomplete_event_size=settings.http_max_header_bytes,
         )

@@ -5,11 +5,15 @@ first token; proxies and clients drop SSE connections that stay silent for
 long. `with_heartbeat` yields None whenever `interval_s` passes without an
 item, so the caller can send an SSE comment.
 
-It runs on every token of every stream, so an item costs one queue put and
-get: a pump task reads the source, and one timer per stream (re-armed only
-when it fires) decides on heartbeats. (A read with a timeout per item, i.e.
-a task and a timer handle per token, cost more than the rest of the SSE path.)
-The source is read until the consumer stops; then the pending read is cancelled.
+It runs on every token of every stream, so an item must cost next to
+nothing: one timer per stream, re-armed only when it fires, decides on
+heartbeats. (A read with a timeout per item, i.e. a task and a timer handle
+per token, cost more than the rest of the SSE path.) A source that can be
+woken (`Wakeable`: the router session's per-request events) is read
+directly and the timer wakes its pending read; any other source is read by
+a pump task through a one-slot queue, which costs a second task switch per
+item. The source is read until the consumer stops; then the pending read is
+cancelled.
 
 The pump reads one item ahead, no more: a consumer that stops (an SSE
 client that stopped reading holds back the writes) leaves the rest in the
@@ -19,7 +23,7 @@ source, whose own bound then ends the stream (the router session's
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
@@ -27,7 +31,19 @@ _HEARTBEAT = object()
 _END = object()
 
 
+@runtime_checkable
+class Wakeable(Protocol):
+    """An async iterator whose pending read `wake()` ends with None (unless
+    an item is already waiting), as sluice.rpc.multiplex_client.RequestEvents."""
+
+    def wake(self) -> None: ...
+
+
 async def with_heartbeat(items: AsyncIterator[T], interval_s: float) -> AsyncIterator[T | None]:
+    if isinstance(items, Wakeable):
+        async for item in _woken(items, interval_s):  # type: ignore[arg-type]
+            yield item
+        return
     loop = asyncio.get_running_loop()
     # One slot: an item, a heartbeat or the end waits for the consumer.
     queue: asyncio.Queue[tuple[object, BaseException | None]] = asyncio.Queue(maxsize=1)
@@ -65,3 +81,25 @@ async def with_heartbeat(items: AsyncIterator[T], interval_s: float) -> AsyncIte
     finally:
         timer.cancel()
         reader.cancel()
+
+
+async def _woken(items: AsyncIterator[T | None], interval_s: float) -> AsyncIterator[T | None]:
+    """with_heartbeat for a Wakeable source: None from it is the heartbeat."""
+    loop = asyncio.get_running_loop()
+    last_sent_s = loop.time()
+
+    def tick() -> None:
+        nonlocal timer, last_sent_s
+        now_s = loop.time()
+        if now_s - last_sent_s >= interval_s:
+            items.wake()  # type: ignore[attr-defined]
+            last_sent_s = now_s
+        timer = loop.call_at(last_sent_s + interval_s, tick)
+
+    timer = loop.call_at(last_sent_s + interval_s, tick)
+    try:
+        async for item in items:
+            last_sent_s = loop.time()
+            yield item
+    finally:
+        timer.cancel()

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.gateway.sse import TEXT_SLOT, ContentFrames
 from sluice.v1 import common_pb2
 
 FINISH_REASONS = {
@@ -60,6 +61,12 @@ class ResponseFormat:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
         return {**self._envelope("text_completion"), "choices": [choice]}
 
+    def content_frames(self) -> ContentFrames:
+        """This response's per-token content chunks as SSE frames, the
+        envelope encoded once (``frames.frame(text)`` is byte for byte
+        ``sse.event(self.chunk(text, None))``)."""
+        return ContentFrames.around(self.chunk(TEXT_SLOT, None))
+
     def usage_chunk(self, usage: common_pb2.Usage) -> dict[str, Any]:
         name = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._envelope(name), "choices": [], "usage": usage_body(usage)}
@@ -77,3 +84,4 @@ class ResponseFormat:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             envelope = self._envelope("text_completion")
         return {**envelope, "choices": [choice], "usage": usage_body(usage)}
+

@@ -209,6 +209,7 @@ async def _sse_events(
     continuous_usage: bool,
 ) -> AsyncIterator[bytes]:
     fmt = progress.fmt
+    frames = fmt.content_frames()
     state.metrics.streams_active.inc()
     outcome = "cancelled"
     try:
@@ -223,10 +224,12 @@ async def _sse_events(
                 if not event.delta.text and not continuous_usage:
                     continue
                 timing.content(time.monotonic())
+                if not continuous_usage:
+                    yield frames.frame(event.delta.text)
+                    continue
                 chunk = fmt.chunk(event.delta.text, None)
-                if continuous_usage:
-                    chunk["usage"] = usage_body(common_pb2.Usage(
-                        prompt_tokens=progress.prompt_tokens, output_tokens=progress.output_tokens))
+                chunk["usage"] = usage_body(common_pb2.Usage(
+                    prompt_tokens=progress.prompt_tokens, output_tokens=progress.output_tokens))
                 yield sse.event(chunk)
             elif kind == "finished":
                 finished = event.finished
