@@ -42,7 +42,14 @@ class StreamTimeout(ServiceError):
 class ProgressWatch(Generic[Event]):
     """Iterates `events`, raising StreamTimeout when the next one takes
     longer than `stall_timeout_s`, or arrives after `deadline_unix_s`
-    (wall clock, 0 = none)."""
+    (wall clock, 0 = none).
+
+    It runs on every token of every stream, so it keeps one timer per
+    stream, re-armed only when it fires (at the due time of the wait then
+    in progress, or not at all between waits), instead of an
+    asyncio.timeout per event (a timer scheduled and cancelled per token).
+    An expired wait is ended the way asyncio.timeout ends one: the waiting
+    task is cancelled and the cancellation turned into the timeout."""
 
     def __init__(
         self,
@@ -58,6 +65,10 @@ class ProgressWatch(Generic[Event]):
         self._deadline_at = (
             self._loop.time() + (deadline_unix_s - wall_clock()) if deadline_unix_s > 0 else None
         )
+        self._waiter: asyncio.Task | None = None  # the task waiting for an event, while it waits
+        self._waiting_since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired: StreamTimeout | None = None
 
     def __aiter__(self) -> ProgressWatch[Event]:
         return self
@@ -65,19 +76,46 @@ class ProgressWatch(Generic[Event]):
     async def __anext__(self) -> Event:
         now = self._loop.time()
         if self._deadline_at is not None and now >= self._deadline_at:
+            self.close()
             raise self._deadline_passed()
-        wake_at = now + self._stall_timeout_s
-        by_deadline = self._deadline_at is not None and self._deadline_at < wake_at
-        if by_deadline:
-            wake_at = self._deadline_at  # type: ignore[assignment]
-        timeout = asyncio.timeout_at(wake_at)
+        self._waiter, self._waiting_since = asyncio.current_task(), now
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._due_at(), self._check)
         try:
-            async with timeout:
-                return await anext(self._events)
-        except TimeoutError:
-            if not timeout.expired():  # not ours
-                raise
-            raise (self._deadline_passed() if by_deadline else self._stalled()) from None
+            return await anext(self._events)
+        except asyncio.CancelledError:
+            expired, self._expired = self._expired, None
+            self.close()
+            if expired is None or self._waiter is None or self._waiter.uncancel() > 0:
+                raise  # not ours, or cancelled from outside as well
+            raise expired from None
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._waiter = None
+
+    def close(self) -> None:
+        """Stop the timer (the stream ended; a watch is not reused)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _due_at(self) -> float:
+        due = self._waiting_since + self._stall_timeout_s
+        return due if self._deadline_at is None else min(due, self._deadline_at)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._waiter is None:
+            return  # between waits: the next wait arms it again
+        now = self._loop.time()
+        if now < self._due_at():  # an earlier wait's due time: re-arm for this one
+            self._timer = self._loop.call_at(self._due_at(), self._check)
+            return
+        by_deadline = self._deadline_at is not None and now >= self._deadline_at
+        self._expired = self._deadline_passed() if by_deadline else self._stalled()
+        self._waiter.cancel()
 
     def _stalled(self) -> StreamTimeout:
         return StreamTimeout.of(

@@ -259,8 +259,9 @@ class Relay:
         num_output_tokens = 0
         cached_tokens = 0
         started_s = time.monotonic()
+        watch = ProgressWatch(events, self._stall_timeout_s, request.deadline_unix_s)
         try:
-            async for event in ProgressWatch(events, self._stall_timeout_s, request.deadline_unix_s):
+            async for event in watch:
                 if event.WhichOneof("event") == "tokens":
                     token_ids = list(event.tokens.token_ids)
                     if not num_output_tokens and token_ids:
@@ -300,6 +301,7 @@ class Relay:
             )
             yield _error(failure.info.reason, _failure_message(failure))
         finally:
+            watch.close()
             events.cancel()  # a no-op once it finished
 
 
