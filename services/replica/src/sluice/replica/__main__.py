@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 import torch
@@ -113,6 +114,7 @@ async def serve(settings: ReplicaSettings) -> None:
 
 def main() -> None:
     settings = ReplicaSettings()
+    sys.setswitchinterval(settings.gil_switch_interval_s)
     with service_telemetry("replica", settings.log_level, settings.log_format):
         asyncio.run(serve(settings))
 

@@ -78,6 +78,14 @@ class ReplicaSettings(SluiceSettings):
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    # The model thread and the event loop (gRPC, each step's token batch)
+    # share the GIL; a thread that wants it waits up to this long for the
+    # holder to let go. CPython's 5 ms is most of a small model's step on a
+    # CPU: at 0.5 ms the model thread stops waiting behind the loop's burst
+    # of work after each step (whole stack on 2 cores: ~+4% output tok/s,
+    # bench/profile_stack.py).
+    gil_switch_interval_s: float = Field(0.0005, gt=0, le=0.1,
+                                         description="sys.setswitchinterval for the replica process")
 
     def for_device(self, name: str) -> int:
         """A knob of DEVICE_DEFAULTS: its set value, else this device's default."""
