@@ -248,6 +248,7 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path, default=MODEL_DIR)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--py-spy", action="store_true", help="profile each process with py-spy (last round)")
+    parser.add_argument("--profiles-dir", type=Path, help="keep py-spy's raw stacks here (one file per process)")
     parser.add_argument("--top", type=int, default=12, help="functions to print per process")
     parser.add_argument("--json", type=Path, help="write the figures (and profiles) here")
     parser.add_argument("--no-engine-alone", action="store_true", help="skip the engine-alone comparison")
@@ -262,9 +263,9 @@ def main() -> int:
     rounds, profiles = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for index in range(args.rounds):
-            spy_dir = Path(tmp) / "py-spy" if args.py_spy and index == args.rounds - 1 else None
+            spy_dir = (args.profiles_dir or Path(tmp) / "py-spy") if args.py_spy and index == args.rounds - 1 else None
             if spy_dir:
-                spy_dir.mkdir()
+                spy_dir.mkdir(parents=True, exist_ok=True)
             result = stack_round(model_dir, Path(tmp) / f"round-{index}", prompts, spy_dir,
                                  dict(item.split("=", 1) for item in args.env))
             rounds.append(result)
