@@ -250,10 +250,8 @@ def test_model_over_triton_backend_matches_reference_backend(kernels):
     config = tiny_config(vocab_size=64, hidden_size=128, max_position_embeddings=128)  # head_dim 32
     torch.manual_seed(0)
     reference = model_lib.LlamaModel(config).eval()
-    reference.fuse_projections()
     tri = model_lib.LlamaModel(config, triton_attention).eval()
     tri.load_state_dict(reference.state_dict())
-    tri.fuse_projections()
     tri.to(DEVICE)
     runners = [
         model_lib.ModelRunner(model, model_lib.allocate_kv_caches(config, 16, 16, torch.float32, device))

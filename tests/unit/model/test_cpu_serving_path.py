@@ -1,7 +1,8 @@
-"""The CPU serving path (fused projections, cpu_attention, head-major KV cache)
-produces the logits of the plain path (separate projections, torch reference
-attention, block-major cache), step after step, over prefill chunks, a
-mid-context chunk and batched decodes."""
+"""The CPU serving path (oneDNN packed linears swapped in from outside,
+cpu_attention, head-major KV cache) produces the logits of the plain path
+(nn.Linear, torch reference attention, block-major cache), step after step,
+over prefill chunks, a mid-context chunk and batched decodes; the swap keeps
+the model's names, parameters and tied weights."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from sluice.model import (
     allocate_kv_caches,
 )
 from sluice.model.attention import cpu_attention, preferred_kv_layout, reference_attention
+from sluice.model.cpu_fast_path import apply_cpu_fast_path, choose_linears, model_linears
+from sluice.model.cpu_linear import PackedLinear, onednn_linear_available
 from sluice.model.cpu_tuning import tune_cpu_allocator
 
 ATOL = 1e-4  # fp32 logits; the paths differ only in summation order
@@ -31,8 +34,7 @@ def runners(config, layout=KVLayout.HEAD_MAJOR) -> tuple[ModelRunner, ModelRunne
     plain = LlamaModel(config, reference_attention).eval()
     serving = LlamaModel(config, cpu_attention).eval()
     serving.load_state_dict(plain.state_dict())
-    serving.fuse_projections()
-    serving.pack_for_cpu()
+    apply_cpu_fast_path(serving, choose_linears(serving, "onednn"))
     return (
         ModelRunner(plain, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu")),
         ModelRunner(serving, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu", layout=layout)),
@@ -64,19 +66,30 @@ def test_serving_path_matches_plain_path(make_config, layout):
         torch.testing.assert_close(ours.key_cache, theirs.key_cache, atol=1e-5, rtol=0)
 
 
-def test_fused_projections_share_storage_and_keep_names(make_config):
-    config = make_config()
+@pytest.mark.skipif(not onednn_linear_available(torch.float32), reason="this torch has no oneDNN")
+def test_the_fast_path_swaps_modules_and_keeps_names_parameters_and_ties(make_config):
+    config = make_config(tie_word_embeddings=True)
     torch.manual_seed(0)
     model = LlamaModel(config).eval()
+    names = sorted(model_linears(model))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    model.fuse_projections()
+    embedding = model.embed_tokens.weight
+    apply_cpu_fast_path(model, choose_linears(model, "onednn"))
+    assert model_linears(model) == {}  # every nn.Linear swapped
+    assert all(isinstance(model.get_submodule(name), PackedLinear) for name in names)
     after = model.state_dict()
-    assert after.keys() == before.keys()
-    assert all(torch.equal(after[k], before[k]) for k in before)
-    attn = model.layers[0].self_attn
-    qkv_weight = attn._qkv[0]
-    assert attn.q_proj.weight.data_ptr() == qkv_weight.data_ptr()
-    assert attn.v_proj.weight.untyped_storage().data_ptr() == qkv_weight.untyped_storage().data_ptr()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert model.lm_head.weight is embedding  # still tied
+    x = torch.randn(3, config.hidden_size)
+    torch.testing.assert_close(model.lm_head(x), x @ embedding.T, atol=1e-5, rtol=0)
+
+
+def test_choose_linears_forces_a_mode_and_refuses_an_unknown_one(make_config):
+    model = LlamaModel(make_config()).eval()
+    assert set(choose_linears(model, "torch").values()) == {"torch"}
+    assert set(choose_linears(model, "torch")) == set(model_linears(model))
+    with pytest.raises(ValueError, match="cpu linear mode 'mkl'"):
+        choose_linears(model, "mkl")
 
 
 def test_reference_backend_refuses_head_major_cache(make_config):

@@ -6,7 +6,11 @@ Accepted layouts in ``model_dir``:
     config.json + model.safetensors.index.json + shards   (weight_map: name -> file)
 
 Checkpoint names are HF's (``model.layers.0.self_attn.q_proj.weight``,
-``lm_head.weight``); ours are the same without the ``model.`` prefix.
+``lm_head.weight``); ours are the same without the ``model.`` prefix, except
+that q/k/v and gate/up are row shards of one fused Linear each
+(``llama.STACKED_SHARDS``): ``q_proj.weight`` fills the first rows of
+``qkv_proj.weight``. On CPU in float32 the loader then applies the machine's
+fast path (sluice.model.cpu_fast_path).
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import torch
 from safetensors import safe_open
 
 from sluice.model.config import LlamaConfig
-from sluice.model.cpu_linear import onednn_linear_available
-from sluice.model.llama import AttentionBackend, LlamaModel
+from sluice.model.cpu_fast_path import apply_cpu_fast_path, choose_linears
+from sluice.model.llama import STACKED_SHARDS, AttentionBackend, LlamaModel
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -45,6 +49,8 @@ def load_llama(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     attention_backend: AttentionBackend | None = None,
+    cpu_linears: str = "auto",
+    probe_cache_dir: Path | None = None,
 ) -> LlamaModel:
     """Build the model from ``config.json`` and fill it from safetensors.
 
@@ -52,6 +58,10 @@ def load_llama(
     weights), materialised empty on ``device``, then every parameter is
     copied from the checkpoint, cast to ``dtype``. Every parameter must be
     filled exactly once, or ``CheckpointError`` names what is wrong.
+
+    ``cpu_linears`` ("auto", "onednn", "torch") and ``probe_cache_dir``:
+    which linear implementation a float32 model on CPU runs (see
+    cpu_fast_path; "auto" measures this machine, caching in the dir).
     """
     model_dir = Path(model_dir)
     config = load_config(model_dir)
@@ -63,6 +73,7 @@ def load_llama(
     model.eval()
 
     params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
+    slots = _checkpoint_slots(model, params)
     filled: set[str] = set()
     unexpected: list[str] = []
     misshaped: list[str] = []
@@ -74,27 +85,44 @@ def load_llama(
                     continue
                 if name == "lm_head.weight" and config.tie_word_embeddings:
                     continue  # some exports store the tied copy too; the embedding wins
-                param = params.get(name)
-                if param is None:
+                slot = slots.get(name)
+                if slot is None:
                     unexpected.append(hf_name)
                     continue
                 tensor = f.get_tensor(hf_name)
-                if tuple(tensor.shape) != tuple(param.shape):
-                    misshaped.append(
-                        f"{hf_name}: checkpoint {tuple(tensor.shape)}, model {tuple(param.shape)}"
-                    )
+                if tuple(tensor.shape) != tuple(slot.shape):
+                    misshaped.append(f"{hf_name}: checkpoint {tuple(tensor.shape)}, model {tuple(slot.shape)}")
                     continue
-                param.copy_(tensor.to(dtype))
+                slot.copy_(tensor.to(dtype))
                 filled.add(name)
-    missing = sorted(set(params) - filled)
+    missing = sorted(set(slots) - filled)
     problems = _describe("missing", missing) + _describe("unexpected", unexpected)
     problems += _describe("misshaped", misshaped)
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not fit the config: " + "; ".join(problems))
-    model.fuse_projections()
-    if torch.device(device).type == "cpu" and onednn_linear_available(dtype):
-        model.pack_for_cpu()
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        apply_cpu_fast_path(model, choose_linears(model, cpu_linears, cache_dir=probe_cache_dir))
     return model
+
+
+def _checkpoint_slots(model: LlamaModel, params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Checkpoint name (without ``model.``) -> the tensor it fills: a
+    parameter, or for a stacked projection its rows of the fused one
+    (``layers.0.self_attn.k_proj.weight`` -> ``qkv_proj.weight[q_rows:q_rows + kv_rows]``)."""
+    slots: dict[str, torch.Tensor] = {}
+    for name, param in params.items():
+        module_name, _, leaf = name.rpartition(".")  # "layers.0.self_attn.qkv_proj", "weight"
+        parent_name, _, fused = module_name.rpartition(".")
+        shards = sorted((index, shard) for shard, (target, index) in STACKED_SHARDS.items() if target == fused)
+        if not shards:
+            slots[name] = param
+            continue
+        rows = model.get_submodule(parent_name).shard_rows()
+        start = 0
+        for (index, shard), count in zip(shards, rows):
+            slots[f"{parent_name}.{shard}.{leaf}"] = param.detach()[start:start + count]
+            start += count
+    return slots
 
 
 def _tensor_files(model_dir: Path) -> dict[str, list[str]]:

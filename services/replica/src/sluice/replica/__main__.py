@@ -39,7 +39,8 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
     if device.type == "cpu":
         tune_cpu_allocator()  # keep per-step activation buffers in the heap (see cpu_tuning)
     model = load_llama(Path(settings.model_dir), dtype=dtype, device=device,
-                       attention_backend=default_backend(device))
+                       attention_backend=default_backend(device), cpu_linears=settings.cpu_linears,
+                       probe_cache_dir=Path(settings.cpu_probe_cache_dir) if settings.cpu_probe_cache_dir else None)
     num_blocks = kv_cache_blocks(
         model.config, dtype, device, settings.block_size_tokens,
         settings.kv_cache_blocks, settings.kv_cache_bytes, settings.gpu_memory_fraction,

@@ -1,4 +1,6 @@
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -78,6 +80,14 @@ class ReplicaSettings(SluiceSettings):
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    # Which linear implementation float32 on CPU runs, per layer shape:
+    # "auto" times MKL (torch's F.linear) against oneDNN packed weights on
+    # this machine at start-up (under a second for a small model) and keeps
+    # the answer in cpu_probe_cache_dir for the next start on the same
+    # machine; "onednn"/"torch" force one (sluice.model.cpu_fast_path).
+    cpu_linears: Literal["auto", "onednn", "torch"] = "auto"
+    cpu_probe_cache_dir: str = Field(default_factory=lambda: str(Path.home() / ".cache" / "sluice"),
+                                     description="where the CPU linear probe is cached ('' = never)")
     # The model thread and the event loop (gRPC, each step's token batch)
     # share the GIL; a thread that wants it waits up to this long for the
     # holder to let go. CPython's 5 ms is most of a small model's step on a

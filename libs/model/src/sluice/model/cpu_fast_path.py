@@ -1,0 +1,177 @@
+"""The model's CPU fast path, chosen on the machine and applied from outside.
+
+Which implementation of a linear layer is fastest depends on the CPU (MKL's
+generic path on AMD, oneDNN's kernels chosen by instruction set), on the
+layer's shape and on the thread count, so a choice tuned on one machine is
+wrong on the next. `choose_linears` times each distinct layer shape both
+ways on this machine (`probe_linears`: a decode-sized batch, a few
+repetitions, best of three) and `apply_cpu_fast_path` swaps the faster one
+in, module by module, the way gpt-fast applies quantization: llama.py keeps
+one forward path and never knows.
+
+    load_llama ──▶ LlamaModel (nn.Linear everywhere)
+                    │ choose_linears(model, "auto", cache)   # {module name: "onednn" | "torch"}
+                    ▼ apply_cpu_fast_path(model, choice)    # nn.Linear -> PackedLinear where faster
+                   the same model, same state_dict
+
+A probe costs well under a second for a small model; its answer is cached
+in a JSON file per machine (CPU model and flags, torch version, threads),
+so a restart on the same machine does not measure again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sluice.model.cpu_linear import PackedLinear, onednn_linear_available
+
+log = logging.getLogger(__name__)
+
+LinearImpl = Literal["torch", "onednn"]
+# "auto": measure (or read this machine's cached measurement); the others force one.
+CPU_LINEAR_MODES = ("auto", "onednn", "torch")
+
+# Rows per probe call: a decode batch of the CPU default's order (64 of
+# max_num_seqs 128), which is what most steps run; prefill chunks are
+# larger and rarer. Each measurement runs calls for at least this long.
+PROBE_ROWS = 64
+PROBE_MIN_TIME_S = 0.01
+PROBE_TRIALS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class LinearShape:
+    in_features: int
+    out_features: int
+    bias: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.in_features}x{self.out_features}{'+bias' if self.bias else ''}"
+
+
+def _shape(linear: nn.Linear) -> LinearShape:
+    return LinearShape(linear.in_features, linear.out_features, linear.bias is not None)
+
+
+def model_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The model's nn.Linear modules by qualified name."""
+    return {name: module for name, module in model.named_modules() if type(module) is nn.Linear}
+
+
+def _seconds_per_call(call, min_time_s: float) -> float:
+    call()  # warm: first-call allocation, oneDNN primitive creation
+    calls, started = 0, time.perf_counter()
+    while True:
+        call()
+        calls += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= min_time_s:
+            return elapsed / calls
+
+
+def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, trials: int = PROBE_TRIALS,
+                  min_time_s: float = PROBE_MIN_TIME_S) -> dict[str, dict[str, float]]:
+    """Seconds per call of each shape, {shape key: {"torch": s, "onednn": s}},
+    float32 on this machine's CPU with torch's current thread count."""
+    generator = torch.Generator().manual_seed(0)
+    timings: dict[str, dict[str, float]] = {}
+    for shape in shapes:
+        if shape.key in timings:
+            continue
+        linear = nn.Linear(shape.in_features, shape.out_features, bias=shape.bias).requires_grad_(False)
+        packed = PackedLinear(linear)
+        x = torch.randn(rows, shape.in_features, generator=generator)  # [rows, in]
+        impls = {"torch": lambda: F.linear(x, linear.weight, linear.bias), "onednn": lambda: packed(x)}
+        with torch.inference_mode():
+            timings[shape.key] = {name: min(_seconds_per_call(call, min_time_s) for _ in range(trials))
+                                  for name, call in impls.items()}
+    return timings
+
+
+def machine_key(shapes: Iterable[LinearShape]) -> str:
+    """What a probe's answer depends on: the CPU, torch and its threads, the shapes."""
+    flags = model_name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model_name:
+                model_name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].strip()
+    except OSError:
+        model_name = platform.processor() or platform.machine()
+    facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
+             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}"]
+    return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
+
+
+def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | None = None) -> dict[str, LinearImpl]:
+    """{linear module name: implementation} for a float32 model on CPU.
+
+    mode "torch" or "onednn" forces one (onednn only where torch has it);
+    "auto" takes, per distinct shape, whichever this machine's probe found
+    faster, reading and writing the probe in `cache_dir` when given."""
+    if mode not in CPU_LINEAR_MODES:
+        raise ValueError(f"cpu linear mode {mode!r}: expected one of {', '.join(CPU_LINEAR_MODES)}")
+    linears = model_linears(model)
+    if mode == "torch" or not onednn_linear_available(torch.float32):
+        return {name: "torch" for name in linears}
+    if mode == "onednn":
+        return {name: "onednn" for name in linears}
+    shapes = [_shape(linear) for linear in linears.values()]
+    timings = _cached_probe(shapes, cache_dir)
+    return {name: _faster(timings[_shape(linear).key]) for name, linear in linears.items()}
+
+
+def _faster(timing: Mapping[str, float]) -> LinearImpl:
+    return "onednn" if timing["onednn"] < timing["torch"] else "torch"
+
+
+def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None) -> dict[str, dict[str, float]]:
+    path = cache_dir / f"cpu-linear-probe-{machine_key(shapes)}.json" if cache_dir else None
+    if path is not None and path.is_file():
+        try:
+            timings = json.loads(path.read_text())["timings_s"]
+            if all(s.key in timings for s in shapes):
+                return timings
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("ignoring an unreadable CPU linear probe at %s", path)
+    started = time.perf_counter()
+    timings = probe_linears(shapes)
+    log.info("probed CPU linears in %.2f s: %s", time.perf_counter() - started,
+             ", ".join(f"{key} {_faster(t)} ({t['torch'] / t['onednn']:.2f}x)" for key, t in timings.items()))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps({"rows": PROBE_ROWS, "timings_s": timings}, indent=1))
+            temporary.replace(path)
+        except OSError as error:  # a read-only file system: measure again next start
+            log.info("not caching the CPU linear probe (%s)", error)
+    return timings
+
+
+def apply_cpu_fast_path(model: nn.Module, choice: Mapping[str, LinearImpl]) -> nn.Module:
+    """Swap each nn.Linear chosen "onednn" for a PackedLinear over the same
+    Parameters; the model's names, state_dict and forward are unchanged."""
+    for name, impl in choice.items():
+        if impl != "onednn":
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear = getattr(parent, child)
+        if type(linear) is nn.Linear:
+            setattr(parent, child, PackedLinear(linear))
+    return model
