@@ -43,8 +43,13 @@
 
 /* Vector width follows the machine it runs on: one clone per ISA, picked at
  * load time (GCC function multi-versioning); the build never assumes the
- * builder's CPU. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * builder's CPU. The x86-64 levels carry FMA with their vectors (a bare
+ * "avx2" clone has none, so -ffp-contract=fast had nothing to contract
+ * into): v3 = AVX2 + FMA (Haswell, Zen), v4 = AVX-512. GCC before 12 knows
+ * no level names: ISA names there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define SLUICE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SLUICE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define SLUICE_CLONES
