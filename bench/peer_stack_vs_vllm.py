@@ -33,7 +33,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from sluice.devstack.stack import LocalStack, StackPorts
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster_harness import cpu_model  # noqa: E402
+
+from sluice.devstack.stack import LocalStack, StackPorts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_PEER = ROOT.parent / "shared" / "bench-peer"
@@ -130,7 +133,7 @@ def tracing_overhead(load_python: Path, model_dir: Path, rounds: int, sample_rat
         sampler = ({"OTEL_TRACES_SAMPLER": "always_on"} if sample_ratio >= 1.0 else
                    {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(sample_ratio)})
         on_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, **sampler}
-        print(f"tracing on = {sampler}", flush=True)
+        print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); tracing on = {sampler}", flush=True)
         for index in range(rounds):
             # Off first in odd rounds, on first in even ones: the second run
             # of a pair ran measurably faster (page cache, clocks), which a
@@ -174,6 +177,7 @@ def main() -> int:
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
     results: dict[str, list[dict]] = {"sluice": [], "vllm": []}
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             results["sluice"].append(sluice_round(peer_python, model_dir, Path(tmp) / f"sluice-{round_index}"))
@@ -186,7 +190,7 @@ def main() -> int:
           f"vllm {v[0]:,.0f} tok/s, p99 TTFT {v[1]:.0f} ms, TPOT {v[2]:.1f} ms")
     print(f"ratio sluice / vllm (medians): throughput {tok_ratio:.2f}x, p99 TTFT {ttft_ratio:.2f}x, "
           f"TPOT {tpot_ratio:.2f}x")
-    print(json.dumps({"bench": "stack_vs_vllm", "throughput_ratio": round(tok_ratio, 3),
+    print(json.dumps({"bench": "stack_vs_vllm", "cpu": cpu_model(), "throughput_ratio": round(tok_ratio, 3),
                       "p99_ttft_ratio": round(ttft_ratio, 3), "tpot_ratio": round(tpot_ratio, 3),
                       "rounds": args.rounds, "sluice": results["sluice"], "vllm": results["vllm"]}))
     return 0
