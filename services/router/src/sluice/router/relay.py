@@ -258,6 +258,7 @@ class Relay:
         stops = StopStringMatcher(tuple(request.sampling.stop))
         num_output_tokens = 0
         cached_tokens = 0
+        generated = self._metrics.generation_tokens_total.labels(alias)  # once: not a label lookup per token
         started_s = time.monotonic()
         watch = ProgressWatch(events, self._stall_timeout_s, request.deadline_unix_s)
         try:
@@ -269,7 +270,7 @@ class Relay:
                     num_output_tokens += len(token_ids)
                     progress.output_tokens = num_output_tokens
                     cached_tokens = event.tokens.cached_prompt_tokens
-                    self._metrics.generation_tokens_total.labels(alias).inc(len(token_ids))
+                    generated.inc(len(token_ids))
                     match = stops.feed(detokenizer.push(token_ids))
                     yield _delta(match.emit, token_ids)
                     if match.stopped:
