@@ -86,3 +86,17 @@ async def test_the_deadline_ends_a_wait_before_the_stall_timeout():
     with pytest.raises(StreamTimeout) as passed:
         await asyncio.wait_for(watch.__anext__(), 5)
     assert passed.value.info.reason == "deadline_exceeded"
+
+
+async def test_a_source_that_swallows_the_expiry_leaves_no_cancellation_behind():
+    async def stubborn():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # swallowed: the event comes anyway
+        yield "late"
+
+    watch = ProgressWatch(stubborn(), stall_timeout_s=0.02)
+    assert await asyncio.wait_for(watch.__anext__(), 5) == "late"
+    assert asyncio.current_task().cancelling() == 0
+    await asyncio.sleep(0.01)  # nothing pending is delivered to this task now

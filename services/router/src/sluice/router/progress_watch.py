@@ -82,7 +82,7 @@ class ProgressWatch(Generic[Event]):
         if self._timer is None:
             self._timer = self._loop.call_at(self._due_at(), self._check)
         try:
-            return await anext(self._events)
+            event = await anext(self._events)
         except asyncio.CancelledError:
             expired, self._expired = self._expired, None
             self.close()
@@ -94,6 +94,12 @@ class ProgressWatch(Generic[Event]):
             raise
         finally:
             self._waiter = None
+        if self._expired is not None:  # the source swallowed our cancellation: take it back
+            self._expired = None
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        return event
 
     def close(self) -> None:
         """Stop the timer (the stream ended; a watch is not reused)."""
