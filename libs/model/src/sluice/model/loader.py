@@ -119,7 +119,7 @@ def _checkpoint_slots(model: LlamaModel, params: dict[str, torch.nn.Parameter]) 
             continue
         rows = model.get_submodule(parent_name).shard_rows()
         start = 0
-        for (index, shard), count in zip(shards, rows):
+        for (_, shard), count in zip(shards, rows):  # shards in their row order
             slots[f"{parent_name}.{shard}.{leaf}"] = param.detach()[start:start + count]
             start += count
     return slots

@@ -84,4 +84,3 @@ class ResponseFormat:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             envelope = self._envelope("text_completion")
         return {**envelope, "choices": [choice], "usage": usage_body(usage)}
-
