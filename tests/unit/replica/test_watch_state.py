@@ -47,8 +47,8 @@ class Replica:
             BlockManager(NUM_BLOCKS, BLOCK_SIZE),
         )
         self.engine = EngineLoop(self.core, StepExecutor(ModelRunner(model, caches)), cache_events=cache_events)
-        servicer = ReplicaServicer(self.engine, model.config, "r0", "tiny@1", lambda: True, ReplicaCounters(),
-                                   STATE_INTERVAL_S)
+        self.servicer = servicer = ReplicaServicer(self.engine, model.config, "r0", "tiny@1", lambda: True,
+                                                   ReplicaCounters(), STATE_INTERVAL_S)
         self.server = grpc.aio.server()
         replica_pb2_grpc.add_ReplicaServicer_to_server(servicer, self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -179,3 +179,18 @@ async def test_a_subscriber_that_falls_behind_gets_a_snapshot_of_the_true_set(ti
         assert set(state.cache_stored_block_hashes) == replica.true_cached_set()
         assert len(replica.true_cached_set()) == 7
         slow.call.cancel()
+
+
+async def test_closing_the_watches_ends_each_stream_with_ok_at_once(replica):
+    # A long interval: the stream would otherwise sit in its wait for 30 s.
+    watchers = [Watcher(replica.stub, min_interval_s=30.0) for _ in range(2)]
+    for watcher in watchers:
+        assert (await watcher.read()).cache_snapshot
+    replica.servicer.close_watches()
+    for watcher in watchers:
+        assert await asyncio.wait_for(watcher.call.read(), timeout=5) is grpc.aio.EOF
+        assert await watcher.call.code() == grpc.StatusCode.OK
+    # A stream opened after the close gets one report, then ends too.
+    late = Watcher(replica.stub, min_interval_s=30.0)
+    assert (await late.read()).cache_snapshot
+    assert await asyncio.wait_for(late.call.read(), timeout=5) is grpc.aio.EOF

@@ -108,6 +108,7 @@ async def serve(settings: ReplicaSettings) -> None:
     log.info("replica %s serving %s on port %d", settings.replica_id, settings.model_version, port)
     await wait_for_stop_signal()
     log.info("stopping")
+    servicer.close_watches()
     await server.stop(settings.shutdown_grace_s)
     canary_task.cancel()
     engine.stop()

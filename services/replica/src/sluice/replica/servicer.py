@@ -38,6 +38,16 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
         self._counters = counters
         self._state_interval_s = state_interval_s
         self._spans = RequestSpans(model_version, replica_id)
+        self._watches_closing = asyncio.Event()
+
+    def close_watches(self) -> None:
+        """End every WatchState stream at its next report, with status OK.
+        Called as the replica stops, before the server's grace period: a
+        state stream never ends on its own, and one still open when the
+        grace runs out (or cancelled by its caller while the server stops)
+        is cancelled inside grpc, which prints the CancelledError's
+        traceback to stderr, outside the JSON log lines."""
+        self._watches_closing.set()
 
     async def Generate(
         self, request: replica_pb2.TokenRequest, context: grpc.aio.ServicerContext
@@ -101,4 +111,10 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                 cache_evicted_block_hashes=cache.evicted_block_hashes,
                 cache_snapshot=cache.snapshot,
             )
-            await asyncio.sleep(interval_s)
+            if self._watches_closing.is_set():
+                return
+            try:
+                await asyncio.wait_for(self._watches_closing.wait(), interval_s)
+                return
+            except TimeoutError:
+                pass
