@@ -392,6 +392,29 @@ def test_a_long_prompt_waits_for_the_lane_in_its_prediction_and_is_refused_early
     assert fourth.predicted_start_s == pytest.approx(3.5)
     # A chat is not in the lane: it goes at once.
     assert scheduler.enqueue(make_ask("chat", tenant="e"), 2.5).predicted_start_s == 0.0
+    # The pool is not overloaded: the overload signal's predicted start is
+    # the wait for capacity, not the long prompts' wait for the lane.
+    scheduler.schedule(2.5)
+    assert scheduler.overload_signals("v1").predicted_start_s == 0.0
+
+
+def test_a_long_prompt_waiting_for_a_full_lane_does_not_pause_batch_or_age_the_pool():
+    """Waiting for the lane is not waiting for capacity: batch cannot give a
+    long prompt the lane sooner, so batch keeps dispatching and the
+    overload signal's queue age leaves it out. Once the lane has a free
+    place, a long prompt still queued waits for KV, and then it counts."""
+    scheduler = make_scheduler(make_view("r0", total=150), long_prompt_tokens=1000, long_prefills_per_replica=1,
+                               batch_pause_queue_age_s=0.5, batch_max_share=1.0)
+    # 98 blocks each: doc1 waits for the lane, and for KV behind doc0 too.
+    enqueue_all(scheduler, [make_ask("doc0", tenant="a", prompt=1500), make_ask("doc1", tenant="b", prompt=1500)])
+    assert set(dispatched(scheduler.schedule(0.0))) == {"doc0"}
+    enqueue_all(scheduler, [make_ask("b1", service_class=BATCH, tenant="bulk")], 1.0)
+    assert set(dispatched(scheduler.schedule(1.0))) == {"b1"}  # doc1 has queued 1 s: batch still goes
+    assert scheduler.overload_signals("v1").interactive_queue_age_s == 0.0
+    scheduler.started("doc0", 1.5)  # the lane is free; doc1 still does not fit
+    enqueue_all(scheduler, [make_ask("b2", service_class=BATCH, tenant="bulk")], 1.6)
+    assert scheduler.schedule(1.6) == []  # now doc1's 1.6 s is a wait for capacity: batch paused
+    assert scheduler.overload_signals("v1").interactive_queue_age_s == pytest.approx(1.6)
 
 
 # -- prefix-aware choice ------------------------------------------------------------

@@ -87,8 +87,13 @@ class ClassQueue:
     def entries(self) -> Iterator[QueueEntry]:
         return iter(list(self._by_id.values()))
 
-    def oldest_enqueued_s(self) -> float | None:
-        return min((line[0].enqueued_s for line in self._by_tenant.values()), default=None)
+    def oldest_enqueued_s(self, counts: Callable[[QueueEntry], bool] | None = None) -> float | None:
+        """When the oldest entry (of those `counts` accepts) was enqueued.
+        Each tenant's line is FIFO: its first accepted entry is its oldest."""
+        if counts is None:
+            return min((line[0].enqueued_s for line in self._by_tenant.values()), default=None)
+        firsts = (next((e.enqueued_s for e in line if counts(e)), None) for line in self._by_tenant.values())
+        return min((s for s in firsts if s is not None), default=None)
 
     def tenant_oldest_enqueued_s(self) -> dict[str, float]:
         """Per queued tenant: when its oldest entry was enqueued (each line is FIFO)."""

@@ -10,6 +10,10 @@ Per model-version pool: one ClassQueue per class (interactive served
 before batch; within a class, fair by VTC). Batch is gated: none while the
 oldest interactive has queued past `batch_pause_queue_age_s`, and at most
 `batch_max_share` of a replica while interactive work is in the pool.
+"Queued" there, and in the overload signals, means waiting for KV or
+seats: a long prompt held back only because the long-prefill lane is full
+waits for the lane, which its own admission prices (`_long_lane_delay_s`),
+and batch work could not give it the lane sooner.
 
 Each pool has an OverloadController (sluice.admission.overload) fed by
 `schedule`; its stage adds levers to `enqueue` (batch paused, output
@@ -160,11 +164,13 @@ class ClusterScheduler:
         policy = self.config.class_policy(is_batch)
         queue = self._queue(version, ask.service_class)
         delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s, ask.critical)
+        if not is_batch:
+            # For the overload signal: the wait for capacity. A long prompt's
+            # wait for the lane is its own (see _oldest_interactive_waiting_s).
+            self._arrival_predictions[version].append((now_s, delay_s))
         is_long = bool(self.config.long_prompt_tokens) and ask.prompt_tokens >= self.config.long_prompt_tokens
         if is_long:
             delay_s = max(delay_s, self._long_lane_delay_s(version, ask.service_class, len(views), now_s))
-        if not is_batch:
-            self._arrival_predictions[version].append((now_s, delay_s))
         # The last places of each queue are the critical tenants' reserve.
         queue_places = policy.max_queue_length - (0 if ask.critical else self.config.overload.critical_queue_slots)
         if len(queue) >= queue_places or delay_s > policy.ttft_slo_s:
@@ -271,7 +277,7 @@ class ClusterScheduler:
             if not views:
                 continue
             self._dispatch_class(version, ServiceClass.INTERACTIVE, views, now_s, decisions)
-            if not self._batch_paused(version, now_s):
+            if not self._batch_paused(version, views, now_s):
                 self._dispatch_class(version, ServiceClass.BATCH, views, now_s, decisions)
         return decisions
 
@@ -282,10 +288,8 @@ class ClusterScheduler:
         queue = self._queues.get((version, service_class))
         if not queue:
             return
-        long_cap = self.config.long_prefills_per_replica * len(views)
-        long_prefilling = sum(
-            1 for r in self.ledger.reservations() if r.model_version == version and r.is_long and r.started_at_s is None
-        )
+        long_cap = self._long_lanes(views)
+        long_prefilling = self._long_prefilling(version)
         while queue:
             def may_go(e: QueueEntry) -> bool:
                 return not e.is_long or long_prefilling < long_cap
@@ -392,10 +396,32 @@ class ClusterScheduler:
                     retry_s, delay_s,
                 ))
 
-    def _batch_paused(self, version: str, now_s: float) -> bool:
-        interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
-        oldest_s = interactive.oldest_enqueued_s() if interactive else None
+    def _batch_paused(self, version: str, views: list[ReplicaView], now_s: float) -> bool:
+        oldest_s = self._oldest_interactive_waiting_s(version, views)
         return oldest_s is not None and now_s - oldest_s > self.config.batch_pause_queue_age_s
+
+    def _oldest_interactive_waiting_s(self, version: str, views: list[ReplicaView]) -> float | None:
+        """When the oldest interactive entry waiting for capacity was
+        enqueued. While the long-prefill lane is full, its long prompts wait
+        for the lane, not for capacity: at a load the pool carries, a 32K
+        document waits seconds for it behind another one, and counting that
+        wait paused batch and walked the overload stages up to rejecting
+        (in the 70B simulation, at one request a second)."""
+        interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
+        if not interactive:
+            return None
+        if self._long_prefilling(version) < self._long_lanes(views):
+            return interactive.oldest_enqueued_s()
+        return interactive.oldest_enqueued_s(lambda e: not e.is_long)
+
+    def _long_lanes(self, views: list[ReplicaView]) -> int:
+        return self.config.long_prefills_per_replica * len(views)
+
+    def _long_prefilling(self, version: str) -> int:
+        """Long prompts dispatched to the pool and not yet at their first token."""
+        return sum(
+            1 for r in self.ledger.reservations() if r.model_version == version and r.is_long and r.started_at_s is None
+        )
 
     def _interactive_present(self, version: str, views: list[ReplicaView]) -> bool:
         interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
@@ -574,7 +600,7 @@ class ClusterScheduler:
         if not views:
             return PoolSignals(0.0, 0.0, 0.0)
         interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
-        oldest_s = interactive.oldest_enqueued_s() if interactive else None
+        oldest_s = self._oldest_interactive_waiting_s(version, views)
         queued_blocks, queued_seqs = (interactive.kv_blocks, len(interactive)) if interactive else (0, 0)
         held_blocks = sum(self.ledger.holding(v.replica_id).kv_blocks[ServiceClass.INTERACTIVE] for v in views)
         # The longest predicted start of the interactive arrivals of the last
