@@ -242,7 +242,7 @@ def engine_config() -> SchedulerConfig:
         interactive_preempt_after_s=settings.interactive_preempt_after_s,
         long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
         max_long_prefills_per_step=settings.max_long_prefills_per_step,
-        long_prefill_threshold_tokens=settings.long_prefill_threshold_tokens,
+        long_prefill_threshold_tokens=settings.for_device("long_prefill_threshold_tokens"),
         prefill_depth_scale_tokens=(prefill_depth_scale_tokens(TINY_LLAMA) if settings.prefill_depth_scale_tokens
                                     is None else settings.prefill_depth_scale_tokens),
         batch_prefill_tokens_beside_interactive=settings.for_device("batch_prefill_tokens_beside_interactive"),

@@ -68,7 +68,7 @@ def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], mon
         env = env_values(containers(deployment)[0])
         assert float(env["SLUICE_INTERACTIVE_PREEMPT_AFTER_S"]) == ReplicaSettings.model_fields[
             "interactive_preempt_after_s"].default
-        for name in ("max_long_prefills_per_step", "long_prefill_threshold_tokens"):
+        for name in ("max_long_prefills_per_step",):
             assert int(env[f"SLUICE_{name.upper()}"]) == ReplicaSettings.model_fields[name].default
         # The chunk caps' code defaults depend on the device: the chart states the ones for its device.
         rendered = ReplicaSettings(device=env["SLUICE_DEVICE"])

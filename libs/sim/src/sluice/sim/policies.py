@@ -55,21 +55,24 @@ def prefill_depth_scale_tokens(model: ModelSpec) -> int:
 
 def gpu_engine_config(model: ModelSpec, max_num_seqs: int = 256) -> SchedulerConfig:
     """The replica's settings on CUDA (services/replica DEVICE_DEFAULTS and
-    settings defaults): a 2,048-token step, 512-token long-prefill chunks
-    scaled by depth, 256 batch prefill tokens beside interactive work."""
+    settings defaults): a 2,048-token step, prompts over 2,048 tokens long,
+    512-token long-prefill chunks scaled by depth, 256 batch prefill tokens
+    beside interactive work."""
     return SchedulerConfig(
         max_num_batched_tokens=2048, max_num_seqs=max_num_seqs, max_model_len_tokens=model.max_context_tokens,
         interactive_preempt_after_s=0.25, long_prefill_chunk_tokens=512, max_long_prefills_per_step=1,
-        long_prefill_threshold_tokens=512, prefill_depth_scale_tokens=prefill_depth_scale_tokens(model),
+        long_prefill_threshold_tokens=2048, prefill_depth_scale_tokens=prefill_depth_scale_tokens(model),
         batch_prefill_tokens_beside_interactive=256, interactive_recent_s=1.0,
     )
 
 
 def cpu_engine_config(model: ModelSpec, max_num_seqs: int = 128) -> SchedulerConfig:
-    """The replica's settings on CPU (DEVICE_DEFAULTS): 128-token
-    long-prefill chunks and 64 batch prefill tokens beside interactive work."""
+    """The replica's settings on CPU (DEVICE_DEFAULTS): prompts over 512
+    tokens long, 128-token long-prefill chunks and 64 batch prefill tokens
+    beside interactive work."""
     return replace(
-        gpu_engine_config(model, max_num_seqs), long_prefill_chunk_tokens=128, batch_prefill_tokens_beside_interactive=64)
+        gpu_engine_config(model, max_num_seqs), long_prefill_chunk_tokens=128, batch_prefill_tokens_beside_interactive=64,
+        long_prefill_threshold_tokens=512)
 
 
 def slo_placement(ttft_slo_s: float, batch_ttft_slo_s: float) -> PlacementConfig:

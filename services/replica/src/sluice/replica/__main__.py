@@ -56,7 +56,7 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
             long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
             max_long_prefills_per_step=settings.max_long_prefills_per_step,
-            long_prefill_threshold_tokens=settings.long_prefill_threshold_tokens,
+            long_prefill_threshold_tokens=settings.for_device("long_prefill_threshold_tokens"),
             prefill_depth_scale_tokens=(
                 attention_depth_scale_tokens(model.config) if settings.prefill_depth_scale_tokens is None
                 else settings.prefill_depth_scale_tokens

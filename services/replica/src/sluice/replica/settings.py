@@ -26,6 +26,13 @@ DEVICE_DEFAULTS = {
     # (their p99 wait at the replica ~30 ms instead of ~40) for ~0.75x of
     # the batch output alone.
     "batch_prefill_tokens_beside_interactive": DeviceDefault(cpu=64, cuda=256),
+    # On CUDA a 2,048-token prompt prefills within one default step, and
+    # 2,048 is where the cluster scheduler's long-prompt lane starts
+    # (SLUICE_LONG_PROMPT_TOKENS): at 512, chats of 0.5-2K tokens waited
+    # in the one long slot behind a 32K document's chunks (Llama-3-70B on
+    # 8 x H200, simulated: chats' p99 TTFT 1.9 s, 0.12 s at 2,048). On CPU
+    # a 512-token prefill is already a long step.
+    "long_prefill_threshold_tokens": DeviceDefault(cpu=512, cuda=2048),
 }
 
 
@@ -62,8 +69,9 @@ class ReplicaSettings(SluiceSettings):
         "(DEVICE_DEFAULTS); 0 = no cap"
     )
     max_long_prefills_per_step: int = Field(1, ge=1, description="long prompts (see the threshold) with a chunk per step")
-    long_prefill_threshold_tokens: int = Field(
-        512, ge=0, description="a prompt with more than this to prefill is long: one of the per-step slots"
+    long_prefill_threshold_tokens: int | None = Field(
+        None, ge=0, description="a prompt with more than this to prefill is long: one of the per-step slots; "
+        "none = by device (DEVICE_DEFAULTS)"
     )
     prefill_depth_scale_tokens: int | None = Field(
         None, ge=0, description="long-prompt chunks shrink with depth at this scale; none = from the model's "
