@@ -199,6 +199,18 @@ def test_attainment_counts_refusals_as_misses_and_allows_long_prompts_their_pref
     assert flat.output_tokens_per_s == pytest.approx(sum(r.tokens for r in finished) / 10.0)
 
 
+def test_the_stall_bound_misses_a_stream_that_froze_once_though_its_mean_tpot_is_fine():
+    smooth, frozen = record(tokens=200), record(tokens=200)
+    smooth.max_gap_s, frozen.max_gap_s = 0.03, 2.0  # one 2 s gap among 199: TPOT still ~0.03 s
+    frozen.last_token_s = frozen.finished_s = frozen.last_token_s + 2.0
+    results = SimResults(records=[smooth, frozen], duration_s=10.0)
+    assert measure(results, TARGETS, window_s=10.0).interactive_attainment == 1.0
+    bounded = measure(results, SloTargets(max_itl_s=0.5), window_s=10.0)
+    assert bounded.interactive_attainment == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        SloTargets(max_itl_s=-1.0)
+
+
 def test_a_prompt_past_the_context_is_not_a_sign_of_load():
     results = SimResults(records=[record(outcome="refused", reason="context_length_exceeded"), record()],
                          duration_s=1.0)

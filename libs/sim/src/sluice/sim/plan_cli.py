@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ttft-slo-per-1k-tokens-s", type=float, default=0.0,
                         help="added to the TTFT target per 1,000 prompt tokens (a long prompt's own prefill)")
     parser.add_argument("--tpot-slo-s", type=float, default=0.1, help="interactive time per output token target")
+    parser.add_argument("--max-itl-slo-s", type=float, default=0.0,
+                        help="longest gap between two tokens an interactive request may see (0 = no bound)")
     parser.add_argument("--slo-attainment", type=float, default=0.99,
                         help="share of interactive requests that must meet both targets (refused ones miss)")
     parser.add_argument("--batch-ttft-slo-s", type=float, default=600.0)
@@ -114,6 +116,7 @@ def run(args: argparse.Namespace) -> dict:
     targets = SloTargets(
         ttft_s=args.ttft_slo_s, tpot_s=args.tpot_slo_s, attainment=args.slo_attainment,
         ttft_per_1k_prompt_tokens_s=args.ttft_slo_per_1k_tokens_s, batch_ttft_s=args.batch_ttft_slo_s,
+        max_itl_s=args.max_itl_slo_s,
         batch_attainment=args.batch_attainment,
     )
     space = SearchSpace(gpus=tuple(g.lower() for g in args.gpus), tps=args.tp, max_replicas=args.max_replicas)

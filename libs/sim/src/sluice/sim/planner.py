@@ -19,7 +19,9 @@ Meeting the SLOs, over one simulated run of the workload (`SloTargets`):
     interactive   the share of interactive requests that finished with
                   TTFT <= ttft_s + ttft_per_1k_prompt_tokens_s x prompt / 1,000
                   and TPOT (mean time per output token after the first) <= tpot_s
-                  is at least `attainment`. A refused request is a miss.
+                  (and, when max_itl_s is set, no gap between two of its tokens
+                  longer than that) is at least `attainment`. A refused
+                  request is a miss.
     batch         the share of batch requests that finished with TTFT <=
                   batch_ttft_s is at least `batch_attainment` (default 0.9).
                   A refused one (batch_paused, ...) is a miss. The tolerance
@@ -29,6 +31,12 @@ Meeting the SLOs, over one simulated run of the workload (`SloTargets`):
                   simulation does not replay), and a run holds few batch
                   requests (~45 in 300 s at 1 request/s); a fleet that sheds
                   batch steadily still fails it.
+
+The stall bound (max_itl_s, off by default) is for streams that must not
+freeze: a mean TPOT hides one long gap among many short ones (a 200-token
+chat that waits 2 s once, while a 32K prompt prefills in one step, still
+averages ~40 ms a token). Sarathi-Serve's SLOs are of this kind, on the
+tail of the time between tokens.
 
 The per-1K allowance exists because a long prompt's TTFT is mostly its own
 prefill: a 32K-token document takes over 2 s to prefill on 8 Hopper GPUs
@@ -91,10 +99,13 @@ class SloTargets:
     ttft_per_1k_prompt_tokens_s: float = 0.0
     batch_ttft_s: float = 600.0
     batch_attainment: float = 0.9
+    max_itl_s: float = 0.0  # the longest gap between two tokens a request may see; 0 = no bound
 
     def __post_init__(self) -> None:
         if self.ttft_s <= 0 or self.tpot_s <= 0 or self.batch_ttft_s <= 0:
             raise ValueError("SLO targets must be > 0")
+        if self.max_itl_s < 0:
+            raise ValueError("max_itl_s must be >= 0 (0 = no bound)")
         if not (0 <= self.attainment <= 1 and 0 <= self.batch_attainment <= 1):
             raise ValueError("attainment shares must be in [0, 1]")
         if self.ttft_per_1k_prompt_tokens_s < 0:
@@ -109,7 +120,10 @@ class SloTargets:
         if record.service_class == "batch":
             return record.ttft_s <= self.batch_ttft_s
         tpot = record.tpot_s
-        return record.ttft_s <= self.ttft_target_s(record.prompt_tokens) and (tpot is None or tpot <= self.tpot_s)
+        return (
+            record.ttft_s <= self.ttft_target_s(record.prompt_tokens) and (tpot is None or tpot <= self.tpot_s)
+            and (not self.max_itl_s or record.max_gap_s <= self.max_itl_s)
+        )
 
 
 @dataclass(frozen=True, slots=True)
