@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ttft-slo-s", type=float, default=2.0, help="interactive TTFT target (admission and goodput)")
     parser.add_argument("--tpot-slo-s", type=float, default=0.1, help="interactive time per output token target")
+    parser.add_argument("--ttft-slo-per-1k-tokens-s", type=float, default=0.0,
+                        help="added to the goodput TTFT target per 1,000 prompt tokens (a long prompt's own prefill)")
+    parser.add_argument("--max-itl-slo-s", type=float, default=0.0,
+                        help="longest gap between two tokens an interactive request may see (0 = no bound)")
     parser.add_argument("--batch-ttft-slo-s", type=float, default=600.0)
     parser.add_argument("--gpu-hour-price", type=float, default=None,
                         help="price of one GPU-hour (default: the preset's)")
@@ -106,9 +110,12 @@ def run(args: argparse.Namespace) -> dict:
     requests = _requests(args)
     if not requests:
         raise ValueError("the workload has no requests in that duration")
+    if args.ttft_slo_per_1k_tokens_s < 0 or args.max_itl_slo_s < 0:
+        raise ValueError("--ttft-slo-per-1k-tokens-s and --max-itl-slo-s must be >= 0")
     placement = slo_placement(args.ttft_slo_s, args.batch_ttft_slo_s)
     engine = cpu_engine_config(model) if hardware.name.startswith("cpu") else gpu_engine_config(model)
-    slos = class_slos(args.ttft_slo_s, args.tpot_slo_s, args.batch_ttft_slo_s)
+    slos = class_slos(args.ttft_slo_s, args.tpot_slo_s, args.batch_ttft_slo_s,
+                      ttft_per_1k_prompt_tokens_s=args.ttft_slo_per_1k_tokens_s, max_itl_s=args.max_itl_slo_s)
     price = hardware.price_per_hour if args.gpu_hour_price is None else args.gpu_hour_price
     fleet_price = price * args.tp * args.replicas
     names = POLICIES if args.compare else (args.policy,)
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> dict:
             "model": model.name, "gpu": hardware.name, "tp": args.tp, "replicas": args.replicas, "dtype": args.dtype,
             "workload": args.workload, "rate": args.rate, "duration_s": args.duration_s, "seed": args.seed,
             "kv_blocks_per_replica": kv_blocks, "ttft_slo_s": args.ttft_slo_s, "tpot_slo_s": args.tpot_slo_s,
+            "ttft_slo_per_1k_tokens_s": args.ttft_slo_per_1k_tokens_s, "max_itl_slo_s": args.max_itl_slo_s,
             "gpu_hour_price": price,
         },
         **results[names[0]],

@@ -111,19 +111,16 @@ class SloTargets:
         if self.ttft_per_1k_prompt_tokens_s < 0:
             raise ValueError("ttft_per_1k_prompt_tokens_s must be >= 0")
 
+    def class_slos(self) -> dict[str, Slo]:
+        """The same targets as `summarize` takes them (what `sluice sim` reports)."""
+        return class_slos(self.ttft_s, self.tpot_s, self.batch_ttft_s,
+                          ttft_per_1k_prompt_tokens_s=self.ttft_per_1k_prompt_tokens_s, max_itl_s=self.max_itl_s)
+
     def ttft_target_s(self, prompt_tokens: int) -> float:
-        return self.ttft_s + self.ttft_per_1k_prompt_tokens_s * prompt_tokens / 1000
+        return self.class_slos()["interactive"].ttft_target_s(prompt_tokens)
 
     def met_by(self, record: RequestRecord) -> bool:
-        if record.outcome != "finished" or record.ttft_s is None:
-            return False
-        if record.service_class == "batch":
-            return record.ttft_s <= self.batch_ttft_s
-        tpot = record.tpot_s
-        return (
-            record.ttft_s <= self.ttft_target_s(record.prompt_tokens) and (tpot is None or tpot <= self.tpot_s)
-            and (not self.max_itl_s or record.max_gap_s <= self.max_itl_s)
-        )
+        return self.class_slos()[record.service_class].met_by(record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +143,13 @@ class Probe:
 def measure(results: SimResults, targets: SloTargets, window_s: float) -> Probe:
     """A run's `Probe`; `window_s` is the span the requests arrived over."""
     window_s = max(window_s, 1e-9)
+    slos = targets.class_slos()
     met = {"interactive": 0, "batch": 0}
     count = {"interactive": 0, "batch": 0}
     output_tokens = total_tokens = delayed = 0
     for record in results.records:
         count[record.service_class] += 1
-        met[record.service_class] += targets.met_by(record)
+        met[record.service_class] += slos[record.service_class].met_by(record)
         if record.outcome == "finished":
             output_tokens += record.tokens
             total_tokens += record.tokens + record.prompt_tokens
@@ -391,8 +389,8 @@ class Scenario:
         return slo_placement(self.targets.ttft_s, self.targets.batch_ttft_s)
 
     def summary_slos(self) -> dict[str, Slo]:
-        """The flat targets `sluice sim`'s summary judges goodput by."""
-        return class_slos(self.targets.ttft_s, self.targets.tpot_s, self.targets.batch_ttft_s)
+        """The targets the search judged by, as `sluice sim`'s summary takes them."""
+        return self.targets.class_slos()
 
     def simulate(self, fleet: Fleet, policy: str = "sluice",
                  progress: Callable[[float, int], None] | None = None) -> SimResults:

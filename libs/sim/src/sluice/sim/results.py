@@ -5,7 +5,8 @@ or from the queue), queue time, TTFT, every inter-token gap (kept as the
 request's mean and max, and pooled per class for the percentiles), end to
 end time. Per replica: KV occupancy and batch composition sampled over
 time. A request meets its SLO (goodput) when its TTFT and its mean
-inter-token time (TPOT) are both within its class's targets.
+inter-token time (TPOT) are both within its class's targets (and, where
+the class bounds it, no gap between two of its tokens is longer).
 """
 
 import math
@@ -81,18 +82,27 @@ class SimResults:
 class Slo:
     ttft_s: float
     tpot_s: float
+    # Added to the TTFT target per 1,000 prompt tokens: a long prompt's own prefill.
+    ttft_per_1k_prompt_tokens_s: float = 0.0
+    max_itl_s: float = 0.0  # the longest gap between two tokens; 0 = no bound
+
+    def ttft_target_s(self, prompt_tokens: int) -> float:
+        return self.ttft_s + self.ttft_per_1k_prompt_tokens_s * prompt_tokens / 1000
 
     def met_by(self, record: RequestRecord) -> bool:
         ttft, tpot = record.ttft_s, record.tpot_s
         return (
-            record.outcome == "finished" and ttft is not None and ttft <= self.ttft_s
+            record.outcome == "finished" and ttft is not None and ttft <= self.ttft_target_s(record.prompt_tokens)
             and (tpot is None or tpot <= self.tpot_s)
+            and (not self.max_itl_s or record.max_gap_s <= self.max_itl_s)
         )
 
 
-def class_slos(ttft_s: float, tpot_s: float, batch_ttft_s: float) -> dict[str, Slo]:
+def class_slos(ttft_s: float, tpot_s: float, batch_ttft_s: float, *, ttft_per_1k_prompt_tokens_s: float = 0.0,
+               max_itl_s: float = 0.0) -> dict[str, Slo]:
     """Goodput targets by class: batch is judged by its TTFT alone."""
-    return {"interactive": Slo(ttft_s, tpot_s), "batch": Slo(batch_ttft_s, 1e9)}
+    interactive = Slo(ttft_s, tpot_s, ttft_per_1k_prompt_tokens_s, max_itl_s)
+    return {"interactive": interactive, "batch": Slo(batch_ttft_s, 1e9)}
 
 
 def percentiles(values, points=(50, 90, 99)) -> dict[str, float | None]:
