@@ -288,7 +288,7 @@ class ClusterScheduler:
         queue = self._queues.get((version, service_class))
         if not queue:
             return
-        long_cap = self._long_lanes(views)
+        long_cap = self._long_lanes(len(views))
         long_prefilling = self._long_prefilling(version)
         while queue:
             def may_go(e: QueueEntry) -> bool:
@@ -410,12 +410,12 @@ class ClusterScheduler:
         interactive = self._queues.get((version, ServiceClass.INTERACTIVE))
         if not interactive:
             return None
-        if self._long_prefilling(version) < self._long_lanes(views):
+        if self._long_prefilling(version) < self._long_lanes(len(views)):
             return interactive.oldest_enqueued_s()
         return interactive.oldest_enqueued_s(lambda e: not e.is_long)
 
-    def _long_lanes(self, views: list[ReplicaView]) -> int:
-        return self.config.long_prefills_per_replica * len(views)
+    def _long_lanes(self, num_replicas: int) -> int:
+        return self.config.long_prefills_per_replica * num_replicas
 
     def _long_prefilling(self, version: str) -> int:
         """Long prompts dispatched to the pool and not yet at their first token."""
@@ -481,7 +481,7 @@ class ClusterScheduler:
         all of its own: VTC orders them, the lane is first come per turn),
         each taking its measured lane time per prompt token."""
         estimate = self._service[version]
-        lanes = self.config.long_prefills_per_replica * num_replicas
+        lanes = self._long_lanes(num_replicas)
         prefilling = [
             max(0.0, r.granted_at_s + estimate.long_prefill_s(r.prompt_tokens) - now_s)
             for r in self.ledger.reservations()

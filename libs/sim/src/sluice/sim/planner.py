@@ -116,12 +116,6 @@ class SloTargets:
         return class_slos(self.ttft_s, self.tpot_s, self.batch_ttft_s,
                           ttft_per_1k_prompt_tokens_s=self.ttft_per_1k_prompt_tokens_s, max_itl_s=self.max_itl_s)
 
-    def ttft_target_s(self, prompt_tokens: int) -> float:
-        return self.class_slos()["interactive"].ttft_target_s(prompt_tokens)
-
-    def met_by(self, record: RequestRecord) -> bool:
-        return self.class_slos()[record.service_class].met_by(record)
-
 
 @dataclass(frozen=True, slots=True)
 class Probe:
@@ -153,7 +147,7 @@ def measure(results: SimResults, targets: SloTargets, window_s: float) -> Probe:
         if record.outcome == "finished":
             output_tokens += record.tokens
             total_tokens += record.tokens + record.prompt_tokens
-        delayed += _delayed(record, targets)
+        delayed += _delayed(record, slos[record.service_class])
 
     def share(service_class: str) -> float:
         return met[service_class] / count[service_class] if count[service_class] else 1.0
@@ -167,12 +161,12 @@ def measure(results: SimResults, targets: SloTargets, window_s: float) -> Probe:
     )
 
 
-def _delayed(record: RequestRecord, targets: SloTargets) -> bool:
+def _delayed(record: RequestRecord, slo: Slo) -> bool:
+    """`slo`: the targets of the record's class."""
     if record.outcome == "refused":
         return record.reason != Reason.CONTEXT_LENGTH_EXCEEDED.value
     queue_s = record.queue_s
-    target_s = targets.batch_ttft_s if record.service_class == "batch" else targets.ttft_target_s(record.prompt_tokens)
-    return queue_s is None or queue_s > 0.1 * target_s
+    return queue_s is None or queue_s > 0.1 * slo.ttft_target_s(record.prompt_tokens)
 
 
 def meets(probe: Probe, targets: SloTargets) -> bool:

@@ -111,8 +111,6 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                 cache_evicted_block_hashes=cache.evicted_block_hashes,
                 cache_snapshot=cache.snapshot,
             )
-            if self._watches_closing.is_set():
-                return
             try:
                 await asyncio.wait_for(self._watches_closing.wait(), interval_s)
                 return
