@@ -59,10 +59,20 @@ def traced_request(traced_stack: LocalStack, receiver: OtlpReceiver) -> list[Rec
         decodes = [s for s in spans if s.name == "replica.decode"]
         if not decodes:
             return []
-        trace = [s for s in spans if s.trace_id == decodes[0].trace_id]
-        return trace if any(_is_gateway_server_span(s) for s in trace) else []
+        return [s for s in spans if s.trace_id == decodes[0].trace_id]
 
-    eventually(lambda: bool(trace_of_decode()), timeout_s=30)
+    def closed(trace: list[ReceivedSpan]) -> bool:
+        # Each process exports in its own batches, and the router's span ends
+        # after the replica's: the trace is whole once the gateway's server
+        # span is in and no span points at a parent still in flight.
+        ids = {s.span_id for s in trace}
+        return (any(_is_gateway_server_span(s) for s in trace)
+                and all(s.parent_id in ids for s in trace if s.parent_id and s.parent_id != "0" * 16))
+
+    try:
+        eventually(lambda: closed(trace_of_decode()), timeout_s=30)
+    except AssertionError:
+        pass  # the tests below name what is missing
     return trace_of_decode()
 
 
