@@ -7,6 +7,7 @@ from collections import Counter
 import asyncio
 import json
 import math
+import os
 import time
 
 import httpx
@@ -77,6 +78,33 @@ class MetricsSampler(_Probe):
                 except httpx.HTTPError:
                     pass
                 await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+
+# ------------------------------------------------------------------ CPU
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # past the name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+class CoresUsed:
+    """Cores each named process kept busy between construction and `read()`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._started_s = time.monotonic()
+        self._cpu_s = {name: process_cpu_s(pid) for name, pid in pids.items()}
+
+    def read(self) -> dict[str, float]:
+        wall_s = max(time.monotonic() - self._started_s, 1e-9)
+        return {name: (process_cpu_s(pid) - self._cpu_s[name]) / wall_s for name, pid in self.pids.items()}
+
+
+def describe_cores(cores: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in cores.items()) + f"; total {sum(cores.values()):.2f}"
 
 
 # ------------------------------------------------------------------ statistics

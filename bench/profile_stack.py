@@ -42,19 +42,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_harness import MODEL, MODEL_DIR, PromptMaker, cpu_model  # noqa: E402
-from cluster_stats import metric_value, parse_metrics  # noqa: E402
+from cluster_stats import metric_value, parse_metrics, process_cpu_s  # noqa: E402
 
 from sluice.devstack.stack import LocalStack, StackPorts  # noqa: E402
 
 CONCURRENCY, REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128, 128, 128
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 PY_SPY_RATE_HZ = 100
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S  # utime, stime (fields 14, 15 of stat)
 
 
 def self_cpu_s() -> float:
