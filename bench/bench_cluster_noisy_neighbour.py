@@ -204,6 +204,13 @@ async def main() -> int:
     for reason in sorted(reasons):
         times = [r.time_to_answer_s for r in flooded if r.refused and (r.reject_reason or "none") == reason]
         print(f"  {reason}: {len(times)}, median time to refusal {ms(median(times))}")
+    # Refusals the scheduler made (tokenized by the router, placed, refused)
+    # against those the gateway answered (its bucket, or its memory of the
+    # scheduler's tenant-cap refusal): a refusal is cheap only at the gateway.
+    deep = (sum(metric_values(sampler.samples[-1][1], "sluice_rejections_total", "reason").values())
+            - sum(metric_values(sampler.samples[0][1], "sluice_rejections_total", "reason").values())
+            if len(sampler.samples) > 1 else math.nan)
+    print(f"  refused by the scheduler: {deep:.0f} of {len(refusals)} (the rest answered at the gateway)")
     print(f"largest KV share A held: {'n/a' if max_share is None else f'{max_share:.2f}'} "
           f"({len(sampler.samples)} scheduler samples)")
     print(f"during the run: {lag.describe()} (included in the client's timings above)")
@@ -226,6 +233,7 @@ async def main() -> int:
     print_json("cluster_noisy_neighbour", b_p99_ttft_ratio=ttft_ratio, b_p99_ttft_alone_s=ttft_alone,
                b_p99_ttft_flood_s=ttft_beside, a_refusals=len(refusals), a_reasons=dict(reasons),
                a_median_refusal_s=refusal_s, a_retry_after=with_retry_after, a_max_kv_share=max_share,
+               a_refused_by_scheduler=deep,
                **({"b_p99_ttft_ratio_by_half": decomposed} if decomposed else {}))
     return 0
 
