@@ -43,8 +43,8 @@ from cluster_harness import (
     PromptMaker, PromptPool, RequestRecord, closed_loop, cluster, open_loop, run_main, stream_chat, warm_up,
 )
 from cluster_stats import (
-    CoresUsed, LoopLag, MetricsSampler, describe_cores, median, metric_values, ms, percentile, print_json, ratio,
-    summary, verdict,
+    CoresUsed, LoopLag, MetricsSampler, describe_cores, median, metric_value, metric_values, ms, percentile,
+    print_json, ratio, summary, verdict,
 )
 
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"
@@ -72,6 +72,7 @@ B_PROMPT_TOKENS, B_MAX_TOKENS = 32, 16
 TENANT_REFUSED, TENANT_ADMITTED = "tenant-a-refused", "tenant-a-admitted"
 ADMITTED_CONCURRENCY = 8
 UNLIMITED_TOKENS_PER_MINUTE = 100_000_000
+HALVES = (("refused only", TENANT_REFUSED, A_CONCURRENCY), ("admitted only", TENANT_ADMITTED, ADMITTED_CONCURRENCY))
 
 
 async def quiet_tenant(cluster_, key: str, prompts: PromptPool, duration_s: float) -> list[RequestRecord]:
@@ -129,7 +130,7 @@ async def main() -> int:
     beside_flood: list[RequestRecord] = []
     flooded: list[RequestRecord] = []
     # --decompose: phase -> B's records beside it, and the cores used in each phase
-    halves: dict[str, list[RequestRecord]] = {"refused only": [], "admitted only": []}
+    halves: dict[str, list[RequestRecord]] = {phase: [] for phase, _, _ in HALVES}
     cores: dict[str, list[dict[str, float]]] = {}
     with cluster(ENV, label="noisy") as c:
         key_a = c.create_key(TENANT_A, tokens_per_minute=A_TOKENS_PER_MINUTE, wait=False)
@@ -143,13 +144,11 @@ async def main() -> int:
         short, long = prompts.pool(B_PROMPT_TOKENS), prompts.pool(A_PROMPT_TOKENS)
         pids = {name: process.pid for name, process in c.stack.processes.items()} | {"client": os.getpid()}
 
-        def metered(phase: str, records_of):
-            async def run():
-                meter = CoresUsed(pids)
-                result = await records_of()
-                cores.setdefault(phase, []).append(meter.read())
-                return result
-            return run()
+        async def metered(phase: str, records_of):
+            meter = CoresUsed(pids)
+            result = await records_of()
+            cores.setdefault(phase, []).append(meter.read())
+            return result
 
         def flood_of(key: str, tenant: str, concurrency: int):
             return lambda duration_s: flood(c, key, long, duration_s, args.refusal_pause_s, args.honour_retry_after,
@@ -171,10 +170,7 @@ async def main() -> int:
                       f"{ms(p99_ttft(round_alone))}, beside the flood {ms(p50_ttft(round_beside))}/"
                       f"{ms(p99_ttft(round_beside))} ({ratio(p99_ttft(round_beside), p99_ttft(round_alone)):.2f}x)",
                       flush=True)
-                for phase, tenant, concurrency in (("refused only", TENANT_REFUSED, A_CONCURRENCY),
-                                                   ("admitted only", TENANT_ADMITTED, ADMITTED_CONCURRENCY)):
-                    if not args.decompose:
-                        continue
+                for phase, tenant, concurrency in HALVES if args.decompose else ():
                     records, _ = await metered(phase, lambda: beside(
                         c, key_b, short, flood_of(keys[phase], tenant, concurrency), duration_s))
                     halves[phase] += records
@@ -193,7 +189,7 @@ async def main() -> int:
     shares = [s for s in shares if s is not None]
     max_share = max(shares) if shares else None
 
-    print(f"B alone : {summary(alone)}; TTFT p50 {ms(median([r.ttft_s for r in alone if r.ttft_s]))}, "
+    print(f"B alone : {summary(alone)}; TTFT p50 {ms(p50_ttft(alone))}, "
           f"p99 {ms(ttft_alone)}")
     print(f"B beside: {summary(beside_flood)}; TTFT p50 {ms(p50_ttft(beside_flood))}, "
           f"p99 {ms(ttft_beside)}")
@@ -207,9 +203,11 @@ async def main() -> int:
     # Refusals the scheduler made (tokenized by the router, placed, refused)
     # against those the gateway answered (its bucket, or its memory of the
     # scheduler's tenant-cap refusal): a refusal is cheap only at the gateway.
-    deep = (sum(metric_values(sampler.samples[-1][1], "sluice_rejections_total", "reason").values())
-            - sum(metric_values(sampler.samples[0][1], "sluice_rejections_total", "reason").values())
-            if len(sampler.samples) > 1 else math.nan)
+    deep = math.nan
+    if len(sampler.samples) > 1:
+        first, last = (metric_value(page, "sluice_rejections_total") or 0.0
+                       for _, page in (sampler.samples[0], sampler.samples[-1]))
+        deep = last - first
     print(f"  refused by the scheduler: {deep:.0f} of {len(refusals)} (the rest answered at the gateway)")
     print(f"largest KV share A held: {'n/a' if max_share is None else f'{max_share:.2f}'} "
           f"({len(sampler.samples)} scheduler samples)")
