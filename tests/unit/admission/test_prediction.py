@@ -1,9 +1,12 @@
+import heapq
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sluice.admission.prediction import (
-    PoolCapacity, RetrySlots, RunningWork, ServiceTimeEstimate, WorkAhead, predict_start_delay_s,
+    LATENESS_MIN_SAMPLES, LATENESS_WINDOW, PRIOR_LATE_FACTOR, PoolCapacity, PromisedReturns, RetrySlots, RunningWork,
+    ServiceTimeEstimate, WorkAhead, predict_start_delay_s,
 )
 
 POOL = PoolCapacity(total_kv_blocks=100, total_seats=10, free_kv_blocks=20, free_seats=2)
@@ -30,10 +33,75 @@ def test_finished_already_counts_from_now():
     assert predict_start_delay_s(5.0, POOL, WorkAhead(30, 1), [RunningWork(1.0, 10)], 30.0) == 0.0
 
 
-def test_past_the_running_work_the_queue_turns_the_pool_over():
+def test_past_the_running_work_the_queue_turns_the_pool_over_in_waves():
+    # 20 free now and 30 freed at 10s go to the work ahead, which holds them
+    # a service time (30s) and frees them again at 35s and 40s: the second
+    # 50 blocks are covered at 40s. (The pool's other 50 are held by work
+    # this class never gets room from.)
     running = [RunningWork(10.0, 30)]
-    # 20 free + 30 freed at 10s; 50 more blocks = half the pool's 100 -> half a service time
-    assert predict_start_delay_s(5.0, POOL, WorkAhead(100, 1), running, 30.0) == pytest.approx(5.0 + 15.0)
+    assert predict_start_delay_s(5.0, POOL, WorkAhead(100, 1), running, 30.0) == pytest.approx(35.0)
+
+
+def test_a_pool_that_filled_at_once_drains_in_waves_not_a_trickle():
+    """Ten requests of 10 blocks, all finishing at 10s; each wave of the
+    queue ahead takes a service time of 30s."""
+    pool = PoolCapacity(total_kv_blocks=100, total_seats=10, free_kv_blocks=0, free_seats=0)
+    running = [RunningWork(10.0, 10) for _ in range(10)]
+    starts = [predict_start_delay_s(5.0, pool, WorkAhead(10 * n, n), running, 30.0) for n in (1, 10, 11, 20, 21)]
+    assert starts == pytest.approx([5.0, 5.0, 35.0, 35.0, 65.0])
+
+
+def test_an_overbooked_pool_repays_its_debt_first():
+    pool = PoolCapacity(total_kv_blocks=100, total_seats=10, free_kv_blocks=-20, free_seats=5)
+    running = [RunningWork(10.0, 30), RunningWork(20.0, 30)]
+    # The first 20 blocks freed (at 10s) repay the overbooking; 10 of them
+    # and the 30 freed at 20s go round, again 30s later.
+    assert predict_start_delay_s(5.0, pool, WorkAhead(30, 1), running, 30.0) == pytest.approx(15.0)
+    assert predict_start_delay_s(5.0, pool, WorkAhead(50, 1), running, 30.0) == pytest.approx(35.0)
+
+
+def test_room_free_now_cycles_while_long_running_work_holds_its_own():
+    pool = PoolCapacity(total_kv_blocks=100, total_seats=10, free_kv_blocks=10, free_seats=10)
+    # The 10 free blocks serve a 5s request at 5s, 10s and 15s before the
+    # long request's 10 come back at 20s.
+    assert predict_start_delay_s(5.0, pool, WorkAhead(30, 1), [RunningWork(20.0, 10)], 5.0) == pytest.approx(10.0)
+
+
+def test_nothing_ever_released_falls_back_to_turning_the_whole_pool_over():
+    pool = PoolCapacity(total_kv_blocks=100, total_seats=10, free_kv_blocks=-40, free_seats=5)
+    # -40 + 30 < 0 per cycle: after the last release (10s) the 50 short of
+    # the 100-block pool take half a service time.
+    assert predict_start_delay_s(5.0, pool, WorkAhead(40, 1), [RunningWork(10.0, 30)], 30.0) == pytest.approx(20.0)
+
+
+def list_schedule_start_s(now_s, free, releases, needed, cycle_s):
+    """Block by block: each block the work ahead takes is held one cycle and
+    taken again; an overbooked pool's first freed blocks are gone. The
+    request starts when the `needed`-th block is taken."""
+    free_at = [now_s] * max(free, 0) + sorted(at_s for at_s, size in releases for _ in range(size))
+    free_at = sorted(free_at)
+    if free < 0:
+        repaid = sorted(at_s for at_s, size in releases for _ in range(size))[:-free]
+        for at_s in repaid:
+            free_at.remove(at_s)
+    heapq.heapify(free_at)
+    for _ in range(needed - 1):
+        heapq.heappush(free_at, heapq.heappop(free_at) + cycle_s)
+    return free_at[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-30, 60), st.lists(st.tuples(st.floats(0, 40), st.integers(0, 40)), max_size=6),
+       st.integers(1, 400), st.floats(0.5, 20))
+def test_the_waves_match_a_block_by_block_list_schedule(free, releases, needed, cycle_s):
+    releases = [(10.0 + at_s, size) for at_s, size in releases]
+    per_cycle = free + sum(size for _, size in releases)
+    assume(per_cycle > 0)
+    pool = PoolCapacity(total_kv_blocks=500, total_seats=64, free_kv_blocks=free, free_seats=64)
+    running = [RunningWork(at_s, size) for at_s, size in releases]
+    got_s = 10.0 + predict_start_delay_s(10.0, pool, WorkAhead(needed, 1), running, cycle_s)
+    expected_s = 10.0 if needed <= free else list_schedule_start_s(10.0, free, releases, needed, cycle_s)
+    assert got_s == pytest.approx(expected_s)
 
 
 def test_service_time_estimate_priors_and_smoothing():
@@ -60,6 +128,53 @@ def test_mean_service_time_comes_from_measured_output_lengths():
     assert estimate.per_output_token_s() == pytest.approx(0.02)
 
 
+def test_a_request_s_own_output_bound_sets_the_turnover_when_it_is_the_longer():
+    """A pool whose history is short requests turns over no faster than the
+    request being predicted would run: a burst of long ones is not told the
+    history's turnover."""
+    estimate = ServiceTimeEstimate()
+    estimate.observe_decode(0.8, 16, output_bound_tokens=16)  # 0.05 s per token, all of its bound
+    assert estimate.mean_service_s(512) == pytest.approx(0.2 + 16 * 0.05)
+    assert estimate.mean_service_s(512, output_bound_tokens=128) == pytest.approx(0.2 + 128 * 0.05)
+    assert estimate.mean_service_s(512, output_bound_tokens=8) == pytest.approx(0.2 + 16 * 0.05)
+
+
+def test_the_expected_output_is_the_bound_times_the_share_generated():
+    estimate = ServiceTimeEstimate()
+    assert estimate.expected_output_tokens(200) == 200  # nothing finished: the bound
+    estimate.observe_decode(1.0, 50, output_bound_tokens=200)
+    assert estimate.expected_output_tokens(200) == pytest.approx(50)
+    estimate.observe_decode(1.0, 900, output_bound_tokens=300)  # past its bound (a buffer): at most all
+    assert estimate.output_fraction == pytest.approx(0.25 + 0.1 * (1.0 - 0.25))
+
+
+def test_the_late_factor_is_the_prior_until_enough_long_requests_finished():
+    estimate = ServiceTimeEstimate()
+    assert estimate.late_factor() == PRIOR_LATE_FACTOR
+    for _ in range(20):
+        estimate.observe_lateness(3.0, 1.0, output_tokens=8)  # few tokens: noise, not counted
+    assert estimate.late_factor() == PRIOR_LATE_FACTOR
+    for _ in range(LATENESS_MIN_SAMPLES):
+        estimate.observe_lateness(1.0, 1.0, output_tokens=128)
+    assert estimate.late_factor() == pytest.approx(1.0)
+
+
+def test_the_late_factor_is_the_spread_of_recent_lateness_plus_a_late_median():
+    estimate = ServiceTimeEstimate()
+    # Waves running 20% early and on time: the median is early (not
+    # subtracted), the spread above it (0.2) is added.
+    for ratio in [0.8] * 40 + [1.0] * 24:
+        estimate.observe_lateness(ratio, 1.0, output_tokens=128)
+    assert estimate.late_factor() == pytest.approx(1.2)
+    # Persistently 10% late with the same spread: both count.
+    for ratio in [1.1] * 40 + [1.3] * 24:
+        estimate.observe_lateness(ratio, 1.0, output_tokens=128)
+    assert estimate.late_factor() == pytest.approx(1.0 + 0.1 + 0.2)
+    for _ in range(LATENESS_WINDOW):
+        estimate.observe_lateness(5.0, 1.0, output_tokens=128)
+    assert estimate.late_factor() == 2.0  # never more than doubled
+
+
 def test_a_burst_of_refusals_gets_spread_retry_times():
     slots = RetrySlots()
     at = [10.0 + slots.retry_after_s(10.0, fits_at_s=13.0, drain_s=0.5) for _ in range(5)]
@@ -67,6 +182,15 @@ def test_a_burst_of_refusals_gets_spread_retry_times():
     # a later refusal never gets an earlier slot, and never a time in the past
     assert slots.retry_after_s(11.0, fits_at_s=11.0, drain_s=0.5) == pytest.approx(15.5 - 11.0)
     assert RetrySlots().retry_after_s(20.0, fits_at_s=19.0, drain_s=1.0) == 0.0
+
+
+def test_promised_returns_count_until_they_are_due_back():
+    promised = PromisedReturns(grace_s=0.25)
+    promised.promise(back_at_s=3.0, kv_blocks=10)
+    promised.promise(back_at_s=5.0, kv_blocks=20)
+    assert promised.outstanding(3.0) == WorkAhead(30, 2)
+    assert promised.outstanding(3.25) == WorkAhead(20, 1)  # due, and the trip's grace is over
+    assert promised.outstanding(9.0) == WorkAhead(0, 0)
 
 
 capacity = st.builds(

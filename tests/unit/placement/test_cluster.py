@@ -6,12 +6,14 @@ from dataclasses import replace
 
 import pytest
 
+from sluice.admission.overload import OverloadPolicy
+from sluice.admission.prediction import PRIOR_LATE_FACTOR
 from sluice.admission.reservation import ReservationPolicy
 from sluice.admission.tenant_caps import TenantHolding, TenantLimits, TenantLimitsTable
 from sluice.outcomes import Reason
 from sluice.placement.asks import Dispatched, Queued, Refused
 from sluice.placement.cluster import RETRY_SLO_MARGIN
-from sluice.placement.config import ClassPolicy
+from sluice.placement.config import ClassPolicy, OverloadLevers
 
 from placement_factories import BATCH, INTERACTIVE, LOOSE, hashes, make_ask, make_scheduler, make_view
 
@@ -128,18 +130,54 @@ def test_over_the_slo_is_refused_with_a_retry_after_and_the_prediction():
     answer = scheduler.enqueue(make_ask("q1"), 1.0)
     assert isinstance(answer, Refused) and answer.reason is Reason.OVER_CAPACITY
     assert answer.predicted_start_s == pytest.approx(29.0)
-    # Back when its predicted start is well inside the SLO, not at its edge.
-    assert answer.retry_after_s == pytest.approx(29.0 - (1 - RETRY_SLO_MARGIN) * 2.0)
+    # Back when its predicted start, stretched by how late predictions run
+    # (the prior: nothing has finished), is well inside the SLO.
+    assert answer.retry_after_s == pytest.approx(29.0 * PRIOR_LATE_FACTOR - (1 - RETRY_SLO_MARGIN) * 2.0)
     assert "q1" not in scheduler.ledger and all(len(q) == 0 for q in scheduler.queues().values())
 
 
-def test_a_burst_of_refusals_gets_spread_retry_times():
+def test_a_burst_of_refusals_is_told_to_return_in_the_waves_the_pool_takes():
+    """The hog's 100 blocks free at 30s and take ten of these 10-block
+    requests; each wave then holds the pool for a mean service time (no
+    request has finished: the 512-token default at the prior 0.05 s per
+    token = 25.6 s, the hog having had its first token at once)."""
     scheduler = full_replica_scheduler(interactive=ClassPolicy(2.0, 10.0, 100))
-    answers = [scheduler.enqueue(make_ask(f"q{i}"), 1.0) for i in range(6)]
+    answers = [scheduler.enqueue(make_ask(f"q{i}"), 1.0) for i in range(25)]
     assert all(a.reason is Reason.OVER_CAPACITY for a in answers)
-    retry_at = [1.0 + a.retry_after_s for a in answers]
-    assert all(later > earlier for earlier, later in zip(retry_at, retry_at[1:]))
-    assert retry_at[0] >= 1.0 + 27.0
+    back_at = [1.0 + a.retry_after_s for a in answers]
+    waves = [1.0 + (30.0 - 1.0 + n * 25.6) * PRIOR_LATE_FACTOR - (1 - RETRY_SLO_MARGIN) * 2.0 for n in range(3)]
+    assert back_at == pytest.approx([waves[0]] * 10 + [waves[1]] * 10 + [waves[2]] * 5)
+
+
+def test_advice_is_stretched_by_how_late_the_pool_s_requests_ran():
+    scheduler = make_scheduler(interactive=ClassPolicy(2.0, 10.0, 100))
+    now_s = 0.0
+    for i in range(10):  # each finishes 50% later than predicted at its dispatch
+        scheduler.observe_replica(make_view(seen_at_s=now_s))
+        enqueue_all(scheduler, [make_ask(f"late{i}", max_tokens=200)], now_s)
+        (grant,) = dispatched(scheduler.schedule(now_s))
+        held = scheduler.ledger.get(grant)
+        predicted_s = held.predicted_first_token_s + 200 * held.predicted_per_token_s
+        scheduler.started(grant, now_s + held.predicted_first_token_s)
+        now_s += 1.5 * predicted_s
+        scheduler.release(grant, 200, now_s)
+    scheduler.observe_replica(make_view(seen_at_s=now_s))
+    enqueue_all(scheduler, [make_ask("hog", tenant="hog", prompt=1000, max_tokens=600)], now_s)  # all 100 blocks
+    assert set(dispatched(scheduler.schedule(now_s))) == {"hog"}
+    delay_s = scheduler.predict_start_delay_s("v1", INTERACTIVE, "acme", 10, now_s)
+    answer = scheduler.enqueue(make_ask("q"), now_s)
+    assert answer.reason is Reason.OVER_CAPACITY
+    assert answer.retry_after_s == pytest.approx(1.5 * delay_s - (1 - RETRY_SLO_MARGIN) * 2.0)
+
+
+def test_an_overloaded_pool_s_advice_aims_inside_the_tighter_bound_of_its_rejecting_stage():
+    """A capacity refusal means overload; the rejecting stage will refuse a
+    retry whose start is more than `reject_predicted_start_s` away."""
+    levers = OverloadLevers(policy=OverloadPolicy(enabled=True), reject_predicted_start_s=0.25,
+                            critical_kv_reserve_share=0.0, critical_queue_slots=0)
+    scheduler = full_replica_scheduler(interactive=ClassPolicy(2.0, 10.0, 100), overload=levers)
+    answer = scheduler.enqueue(make_ask("q"), 1.0)
+    assert answer.retry_after_s == pytest.approx(29.0 * PRIOR_LATE_FACTOR - (1 - RETRY_SLO_MARGIN) * 0.25)
 
 
 def test_queued_requests_report_a_growing_prediction():

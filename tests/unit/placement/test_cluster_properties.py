@@ -74,6 +74,7 @@ class ClusterMachine(RuleBasedStateMachine):
         self.config = self.scheduler.config
         self.drain_by_owner = drain_by_owner
         self.asks = {}
+        self.largest_at_enqueue = {}
         self.state = {}  # request id -> queued | dispatched | done | cancelled
         self.answers = Counter()
         self.enqueued_at = {}
@@ -115,6 +116,9 @@ class ClusterMachine(RuleBasedStateMachine):
                        prompt=prompt, max_tokens=max_tokens, room=ROOM,
                        deadline_s=self.now + deadline if deadline else 0.0)
         self.asks[request_id] = ask
+        # What a request reserves is clamped, at enqueue, to the largest
+        # replica live then (it must fit one); one seen later does not grow it.
+        self.largest_at_enqueue[request_id] = max((self.capacity[r][0] for r in self._live()), default=0)
         answer = self.scheduler.enqueue(ask, self.now)
         if isinstance(answer, Refused):
             assert answer.reason in ENQUEUE_REASONS, answer
@@ -191,7 +195,7 @@ class ClusterMachine(RuleBasedStateMachine):
             assert decision.owner == ask.owner
             expected = reserve_for(self.config.reservation, ask.prompt_tokens, ask.requested_output_tokens, ROOM,
                                    BLOCK, ask.service_class is BATCH).blocks
-            assert decision.reserved_kv_blocks == min(expected, max(self.capacity[r][0] for r in live))
+            assert decision.reserved_kv_blocks == min(expected, self.largest_at_enqueue[decision.request_id])
             self.state[decision.request_id] = "dispatched"
             self.served[(ask.service_class, ask.tenant)] += ask.prompt_tokens * self.config.vtc_input_weight
             if ask.service_class is BATCH:
@@ -214,8 +218,16 @@ class ClusterMachine(RuleBasedStateMachine):
 
     def _check_batch_gates(self, batch_to, live):
         queued_interactive = [i for i in self._ids("queued") if self.asks[i].service_class is INTERACTIVE]
-        if queued_interactive:
-            oldest = min(self.enqueued_at[i] for i in queued_interactive)
+        # While the long-prefill lane is full, a long prompt waits for the
+        # lane, not for capacity: its age does not pause batch.
+        lane_full = self._long_prefilling() >= self.config.long_prefills_per_replica * len(live)
+        waiting_for_capacity = [
+            i for i in queued_interactive
+            if not (lane_full and self.config.long_prompt_tokens
+                    and self.asks[i].prompt_tokens >= self.config.long_prompt_tokens)
+        ]
+        if waiting_for_capacity:
+            oldest = min(self.enqueued_at[i] for i in waiting_for_capacity)
             assert self.now - oldest <= self.config.batch_pause_queue_age_s
         present = bool(queued_interactive) or any(
             self.scheduler.ledger.holding(r).seats[INTERACTIVE] for r in live)

@@ -88,9 +88,10 @@ def test_stage_one_refuses_new_batch_with_the_expected_resume_as_retry_after():
     assert "resume" in answer.message
     # Interactive is still queued.
     assert isinstance(scheduler.enqueue(make_ask("i1"), now_s), Queued)
-    # Batch callers refused together are not all told the same instant.
+    # Batch callers refused together are told the resume too: the batch
+    # queue (its SLO here is loose) takes them all when they are back.
     retries = [scheduler.enqueue(make_ask(f"b{n}", service_class=BATCH), now_s).retry_after_s for n in range(2, 6)]
-    assert len(set(retries)) == len(retries)
+    assert retries == pytest.approx([answer.retry_after_s] * 4)
 
 
 def test_stage_two_caps_the_output_of_degradable_requests_only():

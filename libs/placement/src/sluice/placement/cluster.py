@@ -31,6 +31,7 @@ from sluice.admission.kv import blocks_for
 from sluice.admission.overload import OverloadController, OverloadStage, PoolSignals, StageChange
 from sluice.admission.prediction import (
     PoolCapacity,
+    PromisedReturns,
     RetrySlots,
     RunningWork,
     ServiceTimeEstimate,
@@ -86,7 +87,8 @@ class ClusterScheduler:
         self._views: dict[str, ReplicaView] = {}
         self._queues: dict[tuple[str, ServiceClass], ClassQueue] = {}
         self._service: dict[str, ServiceTimeEstimate] = defaultdict(ServiceTimeEstimate)
-        self._retry_slots: dict[tuple[str, ServiceClass], RetrySlots] = defaultdict(RetrySlots)
+        # (version, class): refused requests told when to come back, until then.
+        self._promised: dict[tuple[str, ServiceClass], PromisedReturns] = defaultdict(PromisedReturns)
         # (version, tenant, class): a tenant at its cap told to come back
         # one at a time, as its own requests finish.
         self._tenant_retry_slots: dict[tuple[str, str, ServiceClass], RetrySlots] = {}
@@ -163,7 +165,8 @@ class ClusterScheduler:
             return self._refuse(ask, breach.reason, breach.message, retry_s)
         policy = self.config.class_policy(is_batch)
         queue = self._queue(version, ask.service_class)
-        delay_s = self.predict_start_delay_s(version, ask.service_class, ask.tenant, kv_blocks, now_s, ask.critical)
+        delay_s = self.predict_start_delay_s(
+            version, ask.service_class, ask.tenant, kv_blocks, now_s, ask.critical, reservation.output_tokens)
         if not is_batch:
             # For the overload signal: the wait for capacity. A long prompt's
             # wait for the lane is its own (see _oldest_interactive_waiting_s).
@@ -175,7 +178,8 @@ class ClusterScheduler:
         queue_places = policy.max_queue_length - (0 if ask.critical else self.config.overload.critical_queue_slots)
         if len(queue) >= queue_places or delay_s > policy.ttft_slo_s:
             reason = Reason.QUEUE_FULL if len(queue) >= queue_places else Reason.OVER_CAPACITY
-            retry_s = self._capacity_retry_after_s(version, ask.service_class, kv_blocks, delay_s, policy.ttft_slo_s, now_s)
+            retry_s = self._capacity_retry_after_s(
+                ask, kv_blocks, reservation.output_tokens, delay_s, policy.ttft_slo_s, now_s)
             message = (
                 f"The {'batch' if is_batch else 'interactive'} queue of {version} is full "
                 f"({queue_places} requests)."
@@ -184,7 +188,8 @@ class ClusterScheduler:
             return self._refuse(ask, reason, message, retry_s, delay_s)
         early_bound_s = self.config.overload.reject_predicted_start_s
         if stage >= OverloadStage.REJECTING and not ask.critical and not is_batch and delay_s > early_bound_s:
-            retry_s = self._capacity_retry_after_s(version, ask.service_class, kv_blocks, delay_s, early_bound_s, now_s)
+            retry_s = self._capacity_retry_after_s(
+                ask, kv_blocks, reservation.output_tokens, delay_s, early_bound_s, now_s)
             return self._refuse(
                 ask, Reason.OVER_CAPACITY,
                 f"{version} is overloaded: requests that cannot start within {early_bound_s:.1f}s are refused "
@@ -228,10 +233,17 @@ class ClusterScheduler:
 
     def _stage_retry_after_s(self, ask: Ask, resume_s: float, now_s: float) -> float:
         """A lever's refusal: come back once the stage is expected to have
-        lifted, in a slot of its own (refusals in a row are spread)."""
-        slo_s = self.config.class_policy(ask.service_class is ServiceClass.BATCH).ttft_slo_s
+        lifted, and behind those refused before it (as any refusal)."""
+        is_batch = ask.service_class is ServiceClass.BATCH
+        views = self.live_replicas(ask.model_version, now_s)
+        reservation = reserve_for(
+            self.config.reservation, ask.prompt_tokens, ask.requested_output_tokens,
+            ask.max_output_tokens, views[0].block_size_tokens, is_batch,
+        )
+        kv_blocks = min(reservation.blocks, max(v.total_kv_blocks for v in views))
+        slo_s = self.config.class_policy(is_batch).ttft_slo_s
         return self._capacity_retry_after_s(
-            ask.model_version, ask.service_class, 1, 0.0, slo_s, now_s, at_least_s=resume_s)
+            ask, kv_blocks, reservation.output_tokens, 0.0, slo_s, now_s, at_least_s=resume_s)
 
     def started(self, request_id: str, now_s: float) -> None:
         reservation = self.ledger.mark_started(request_id, now_s)
@@ -250,7 +262,11 @@ class ClusterScheduler:
         counters = self._queue(reservation.model_version, reservation.service_class).counters
         counters.settle_release(reservation.tenant, reservation.output_tokens, output_tokens)
         if reservation.started_at_s is not None:
-            self._service[reservation.model_version].observe_decode(now_s - reservation.started_at_s, output_tokens)
+            estimate = self._service[reservation.model_version]
+            estimate.observe_decode(now_s - reservation.started_at_s, output_tokens, reservation.output_tokens)
+            if not reservation.is_long:  # a long prompt's first token is the lane's estimate, not this one
+                predicted_s = reservation.predicted_first_token_s + output_tokens * reservation.predicted_per_token_s
+                estimate.observe_lateness(now_s - reservation.granted_at_s, predicted_s, output_tokens)
         return True
 
     def drop_owner(self, owner: str) -> int:
@@ -317,11 +333,14 @@ class ClusterScheduler:
 
     def _grant(self, entry: QueueEntry, chosen: Candidate, counters: VirtualTokenCounters, now_s: float) -> Dispatched:
         ask, view = entry.ask, chosen.view
+        estimate = self._service[ask.model_version]
         self.ledger.reserve(Reservation(
             request_id=ask.request_id, owner=ask.owner, tenant=ask.tenant, model_version=ask.model_version,
             replica_id=view.replica_id, service_class=ask.service_class, prompt_tokens=ask.prompt_tokens,
             output_tokens=entry.output_tokens, kv_blocks=entry.kv_blocks, is_long=entry.is_long, granted_at_s=now_s,
             critical=ask.critical, output_cap_tokens=entry.output_cap_tokens,
+            predicted_first_token_s=estimate.time_to_first_token_s(),
+            predicted_per_token_s=estimate.per_output_token_s(view.step_time_s),
         ))
         self._recent_grants[view.replica_id].append((now_s, entry.kv_blocks))
         self._last_granted_s[view.replica_id] = now_s
@@ -388,8 +407,10 @@ class ClusterScheduler:
                         entry.ask, Reason.NO_REPLICA, f"No ready replica serves {version}.", NO_REPLICA_RETRY_S))
                     continue
                 policy = self.config.class_policy(service_class is ServiceClass.BATCH)
-                delay_s = self.predict_start_delay_s(version, service_class, entry.ask.tenant, entry.kv_blocks, now_s)
-                retry_s = self._capacity_retry_after_s(version, service_class, entry.kv_blocks, delay_s, policy.ttft_slo_s, now_s)
+                delay_s = self.predict_start_delay_s(
+                    version, service_class, entry.ask.tenant, entry.kv_blocks, now_s, output_tokens=entry.output_tokens)
+                retry_s = self._capacity_retry_after_s(
+                    entry.ask, entry.kv_blocks, entry.output_tokens, delay_s, policy.ttft_slo_s, now_s)
                 decisions.append(self._refuse(
                     entry.ask, Reason.QUEUE_TIMEOUT,
                     f"The request waited {now_s - entry.enqueued_s:.1f}s in the queue without reaching a replica.",
@@ -433,16 +454,18 @@ class ClusterScheduler:
 
     def predict_start_delay_s(
         self, version: str, service_class: ServiceClass, tenant: str, kv_blocks: int, now_s: float,
-        critical: bool = False,
+        critical: bool = False, output_tokens: int = 0, also_ahead: WorkAhead = WorkAhead(0, 0),
     ) -> float:
-        """Seconds until a request of `kv_blocks` from `tenant` would be
-        dispatched if it joined its queue now."""
+        """Seconds until a request of `kv_blocks` (and `output_tokens` of
+        output bound) from `tenant` would be dispatched if it joined its
+        queue now, behind `also_ahead` besides the queue."""
         ahead_blocks, ahead_seqs = self._work_ahead(version, service_class, tenant, kv_blocks)
-        return self._predict_delay_s(
-            version, service_class, WorkAhead(ahead_blocks + kv_blocks, ahead_seqs + 1), now_s, critical)
+        needed = WorkAhead(ahead_blocks + also_ahead.kv_blocks + kv_blocks, ahead_seqs + also_ahead.seqs + 1)
+        return self._predict_delay_s(version, service_class, needed, now_s, critical, output_tokens)
 
     def _predict_delay_s(
-        self, version: str, service_class: ServiceClass, needed: WorkAhead, now_s: float, critical: bool
+        self, version: str, service_class: ServiceClass, needed: WorkAhead, now_s: float, critical: bool,
+        output_tokens: int = 0,
     ) -> float:
         views = self.live_replicas(version, now_s)
         if not views:
@@ -471,7 +494,8 @@ class ClusterScheduler:
             # no sooner than its next token.
             finish_s = max(start_s + r.output_tokens * per_token_s, now_s + per_token_s)
             running.append(RunningWork(finish_s, r.kv_blocks))
-        mean_service_s = estimate.mean_service_s(self.config.reservation.default_output_tokens_interactive, step_time_s)
+        mean_service_s = estimate.mean_service_s(
+            self.config.reservation.default_output_tokens_interactive, step_time_s, output_tokens)
         return predict_start_delay_s(now_s, capacity, needed, running, mean_service_s)
 
     def _long_lane_delay_s(self, version: str, service_class: ServiceClass, num_replicas: int, now_s: float) -> float:
@@ -521,28 +545,48 @@ class ClusterScheduler:
         return blocks, seqs
 
     def _capacity_retry_after_s(
-        self, version: str, service_class: ServiceClass, kv_blocks: int, delay_s: float, slo_s: float, now_s: float,
+        self, ask: Ask, kv_blocks: int, output_tokens: int, delay_s: float, slo_s: float, now_s: float,
         at_least_s: float = 0.0,
     ) -> float:
-        """When a request refused now would be admitted: once the work ahead
-        has drained to within the SLO (and no sooner than `at_least_s`, an
-        overload stage's expected end), in a slot of its own."""
+        """When a request refused now would be admitted: once its predicted
+        start, behind the queue and behind everyone refused before it who
+        was told to come back sooner, is well inside the SLO (and no sooner
+        than `at_least_s`, an overload stage's expected end). The time is
+        promised: it is work ahead of the next refusal's advice."""
+        version, service_class = ask.model_version, ask.service_class
+        promised = self._promised[(version, service_class)]
+        ahead = promised.outstanding(now_s)
+        if ahead.seqs:
+            delay_s = max(delay_s, self.predict_start_delay_s(
+                version, service_class, ask.tenant, kv_blocks, now_s, ask.critical, output_tokens, ahead))
         views = self.live_replicas(version, now_s)
         total_blocks = sum(v.total_kv_blocks for v in views) or 1
         total_seats = sum(seats_of(v) for v in views) or 1
         step_time_s = max((v.step_time_s for v in views), default=0.0)
         service_s = self._service[version].mean_service_s(
-            self.config.reservation.default_output_tokens_interactive, step_time_s
+            self.config.reservation.default_output_tokens_interactive, step_time_s, output_tokens
         )
-        # What this request's share of the pool takes to drain: the spacing
-        # of retry slots, and the soonest anyone refused is told to return
-        # (a refusal never says "now": the work that refused it is still there).
-        drain_s = service_s * max(kv_blocks / total_blocks, 1 / total_seats)
-        # Aim inside the SLO, not at its edge: a retry told to come back
-        # when its predicted start is exactly the SLO is refused again by
-        # any drift of the prediction, about half the time.
-        fits_at_s = now_s + max(delay_s - (1.0 - RETRY_SLO_MARGIN) * slo_s, drain_s, at_least_s)
-        return self._retry_slots[(version, service_class)].retry_after_s(now_s, fits_at_s, drain_s)
+        # The soonest anyone refused is told to return: its share of the
+        # pool's turnover (a refusal never says "now": the work that
+        # refused it is still there).
+        soonest_s = service_s * max(kv_blocks / total_blocks, 1 / total_seats)
+        # Aim inside the bound the retry will meet, not at its edge: a retry
+        # told to come back when its predicted start is exactly the bound is
+        # refused again by any drift of the prediction, about half the time.
+        # An interactive refusal for capacity means the pool is overloaded,
+        # and the overload stages soon tighten the bound to
+        # `reject_predicted_start_s` (SLO / 4 by default): a retry aimed at
+        # the SLO would come back into that stage and be refused again.
+        levers = self.config.overload
+        if levers.policy.enabled and service_class is ServiceClass.INTERACTIVE and not ask.critical:
+            slo_s = min(slo_s, levers.reject_predicted_start_s)
+        # And by how much the pool's predictions have run late: a herd told
+        # to come back at the predicted instant is refused again whenever
+        # the work ahead runs a few percent over its prediction.
+        delay_s *= self._service[version].late_factor()
+        wait_s = max(delay_s - (1.0 - RETRY_SLO_MARGIN) * slo_s, soonest_s, at_least_s)
+        promised.promise(now_s + wait_s, kv_blocks)
+        return wait_s
 
     def _tenant_retry_after_s(self, ask: Ask, now_s: float) -> float:
         """When the tenant's own running work of this class is expected to

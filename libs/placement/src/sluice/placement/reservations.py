@@ -28,6 +28,11 @@ class Reservation:
     started_at_s: float | None = None  # first token seen (prefill over)
     critical: bool = False  # a critical tenant's: counts toward the critical reserve
     output_cap_tokens: int = 0  # the overload cap it was granted under; 0 = none
+    # What the scheduler predicted at dispatch: seconds to its first token
+    # and per output token after it. Its finish is checked against them
+    # (how late the pool's predictions run; 0 = none made).
+    predicted_first_token_s: float = 0.0
+    predicted_per_token_s: float = 0.0
 
 
 @dataclass(slots=True)
