@@ -241,6 +241,7 @@ def engine_config() -> SchedulerConfig:
         max_model_len_tokens=TINY_LLAMA.max_context_tokens,
         interactive_preempt_after_s=settings.interactive_preempt_after_s,
         long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
+        long_prefill_chunk_tokens_beside_chats=settings.for_device("long_prefill_chunk_tokens_beside_chats"),
         max_long_prefills_per_step=settings.max_long_prefills_per_step,
         long_prefill_threshold_tokens=settings.for_device("long_prefill_threshold_tokens"),
         prefill_depth_scale_tokens=(prefill_depth_scale_tokens(TINY_LLAMA) if settings.prefill_depth_scale_tokens

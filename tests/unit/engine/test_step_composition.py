@@ -244,3 +244,77 @@ def test_a_quiet_tenants_prompt_that_loses_its_blocks_in_the_same_step_was_never
     assert {c.request_id: len(c.token_ids) for c in plan.chunks} == {"r0": 8}
     assert plan.preempted_ids == () and scheduler.num_preemptions_total == 0  # it never ran
     assert scheduler.num_running == 1 and scheduler.num_waiting == 1
+
+
+def beside_chats(chat_cap: int, *, chunk_cap: int = 8, recent_s: float = 1.0) -> IterationScheduler:
+    return IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=chunk_cap,
+                        long_prefill_threshold_tokens=chunk_cap, long_prefill_chunk_tokens_beside_chats=chat_cap,
+                        interactive_recent_s=recent_s),
+        BlockManager(256, 4),
+    )
+
+
+def test_a_long_prompt_takes_smaller_chunks_while_another_tenant_chats(make_request):
+    scheduler = beside_chats(3)
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"long": 8}  # nobody else here: the ordinary cap
+    scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 4)), now_s=0.1)
+    assert step(scheduler, 0.1) == {"chat": 4}  # the chat's first-token step holds the long chunk back
+    assert step(scheduler, 0.2) == {"chat": 1, "long": 3}
+    assert step(scheduler, 0.3) == {"chat": 1, "long": 3}
+
+
+def test_the_smaller_chunks_last_the_recent_window_after_the_last_chat(make_request):
+    scheduler = beside_chats(3, recent_s=1.0)
+    scheduler.add(make_request("chat", max_output=1, tenant="b", prompt=own(2000, 4)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"chat": 4}  # its only token: the chat is gone
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.1)
+    assert step(scheduler, 0.5) == {"long": 3}  # b's next chat of a steady stream may be a moment away
+    assert step(scheduler, 0.99) == {"long": 3}
+    assert step(scheduler, 1.0) == {"long": 8}  # a second without b's chats: the ordinary cap
+
+
+def test_a_tenants_own_chats_leave_its_long_chunks_alone(make_request):
+    # Its own chats waiting on its own documents is the tenant's trade-off;
+    # the cap is there so one tenant's long prompts do not set another's TTFT.
+    scheduler = beside_chats(3)
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    scheduler.add(make_request("a-chat", max_output=20, tenant="a", prompt=own(2000, 4)), now_s=0.0)
+    step(scheduler, 0.0)
+    assert step(scheduler, 0.1)["long"] == 8
+    scheduler.add(make_request("b-chat", max_output=20, tenant="b", prompt=own(3000, 4)), now_s=0.2)
+    step(scheduler, 0.2)  # b's first-token step
+    assert step(scheduler, 0.3)["long"] == 3
+
+
+def test_another_tenants_long_prompts_are_no_chats(make_request):
+    scheduler = beside_chats(3)
+    scheduler.add(make_request("long-a", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    scheduler.add(make_request("long-b", max_output=2, tenant="b", prompt=own(2000, 100)), now_s=0.0)
+    assert step(scheduler, 0.0) == {"long-a": 8}
+    assert step(scheduler, 0.1) == {"long-b": 8}
+
+
+def test_batch_chats_do_not_shrink_long_chunks(make_request):
+    scheduler = beside_chats(3)
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    scheduler.add(make_request("job", max_output=20, tenant="b", prompt=own(2000, 4),
+                               service_class=ServiceClass.BATCH), now_s=0.0)
+    assert step(scheduler, 0.0)["long"] == 8
+
+
+def test_no_chat_cap_means_the_ordinary_cap(make_request):
+    scheduler = beside_chats(0)
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 4)), now_s=0.0)
+    step(scheduler, 0.0)
+    assert step(scheduler, 0.1)["long"] == 8
+
+
+def test_a_chat_cap_above_the_chunk_cap_changes_nothing(make_request):
+    scheduler = beside_chats(32)
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 4)), now_s=0.0)
+    step(scheduler, 0.0)
+    assert step(scheduler, 0.1)["long"] == 8

@@ -25,7 +25,11 @@ its length under a per-step token budget:
 Every prefill chunk is at most `long_prefill_chunk_tokens` (fewer deep into
 a prompt). A long prompt (more than `long_prefill_threshold_tokens` left to
 compute at admission) prefills one chunk per step, its tail included, and at
-most `max_long_prefills_per_step` of them share a step. A step that admits a
+most `max_long_prefills_per_step` of them share a step. While another
+tenant's chats are live (a short interactive prompt of theirs arrived
+within `interactive_recent_s`), a long prompt's chunk is at most
+`long_prefill_chunk_tokens_beside_chats`: the step a chat arrives during
+is what it waits out before its own. A step that admits a
 short interactive prompt carries no long chunk and no batch work at all,
 decodes included (never two steps running): its first token waits for the
 interactive decodes, not for another tenant's prompt or for batch.
@@ -68,6 +72,11 @@ class IterationScheduler:
         # The previous step held long chunks and batch back for first tokens.
         self._held_for_first_tokens_last_step = False
         self._last_interactive_arrival_s = -math.inf  # on the clock `add` is given
+        # Tenant -> its latest short interactive arrival (a chat), on the same
+        # clock; and the tenants with one within interactive_recent_s, as of
+        # the step being scheduled.
+        self._chat_arrivals: dict[str, float] = {}
+        self._chat_keys: frozenset[str] = frozenset()
 
     # -- requests in and out -------------------------------------------------
 
@@ -89,6 +98,9 @@ class IterationScheduler:
         self._waiting.push(sequence)
         if request.service_class is ServiceClass.INTERACTIVE:
             self._last_interactive_arrival_s = max(self._last_interactive_arrival_s, sequence.arrival_s)
+            if len(request.prompt_token_ids) <= self.config.long_prefill_threshold_tokens:
+                key = request.fairness_key
+                self._chat_arrivals[key] = max(self._chat_arrivals.get(key, -math.inf), sequence.arrival_s)
 
     def cancel(self, request_id: str) -> bool:
         """Forget the request; its blocks are freed at once. False if unknown."""
@@ -134,6 +146,7 @@ class IterationScheduler:
         step.long_slots = self.config.max_long_prefills_per_step
         held = False
         interactive_live = self._interactive_live(now_s)
+        self._chat_keys = self._live_chat_keys(now_s)
         admitting = True
         for service_class in sorted(ServiceClass):
             if service_class is ServiceClass.BATCH:
@@ -226,6 +239,26 @@ class IterationScheduler:
                 or any(s.request.service_class is ServiceClass.INTERACTIVE and not s.request.probe
                        for s in self._running))
 
+    def _live_chat_keys(self, now_s: float) -> frozenset[str]:
+        """Tenants whose latest chat arrived within `interactive_recent_s`
+        (older arrivals forgotten, so the map stays as small as the tenants
+        chatting now)."""
+        if not self._chat_arrivals or not self.config.long_prefill_chunk_tokens_beside_chats:
+            return frozenset()
+        horizon_s = now_s - self.config.interactive_recent_s
+        for key in [k for k, arrival_s in self._chat_arrivals.items() if arrival_s <= horizon_s]:
+            del self._chat_arrivals[key]
+        return frozenset(self._chat_arrivals)
+
+    def _long_cap(self, sequence: Sequence, long: bool) -> int:
+        """The smaller chunk cap of a long prefill while another tenant's
+        chats are live; 0 = the step's own cap."""
+        if not long or not self._chat_keys:
+            return 0
+        if len(self._chat_keys) == 1 and sequence.request.fairness_key in self._chat_keys:
+            return 0  # only its own tenant is chatting: its own trade-off
+        return self.config.long_prefill_chunk_tokens_beside_chats
+
     def _hold_for_first_tokens(self, step: StepBuilder) -> bool:
         """Short interactive prompts admitted so far get their first token
         from this step: it then carries no long chunk (of either class) and
@@ -251,7 +284,8 @@ class IterationScheduler:
         important running sequence until its blocks fit (or it is that one)."""
         while True:
             long = sequence.is_long_prefilling
-            take = step.take(sequence.num_uncomputed_tokens, long, sequence.num_computed_tokens)
+            take = step.take(sequence.num_uncomputed_tokens, long, sequence.num_computed_tokens,
+                             self._long_cap(sequence, long))
             if take == 0:
                 return  # a long prefill past this step's quota: next step
             kv = self.blocks.allocate(sequence.request_id, sequence.num_computed_tokens + take)
@@ -285,7 +319,7 @@ class IterationScheduler:
             uncomputed = sequence.num_tokens - start
             cap = self.config.long_prefill_chunk_tokens
             long = bool(cap) and uncomputed > max(self.config.long_prefill_threshold_tokens, cap)
-            take = step.take(uncomputed, long, start)
+            take = step.take(uncomputed, long, start, self._long_cap(sequence, long))
             if take == 0:
                 return False  # a long prompt, and this step's long chunks are taken: it keeps its place
             num_tokens = start + take

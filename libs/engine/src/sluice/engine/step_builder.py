@@ -25,17 +25,18 @@ class StepBuilder:
     first_chunks: int = 0      # interactive short prompts admitted this step
     batch_held: bool = False   # a first-token step: no batch work in it
 
-    def take(self, uncomputed_tokens: int, long: bool, start_tokens: int = 0) -> int:
+    def take(self, uncomputed_tokens: int, long: bool, start_tokens: int = 0, cap_tokens: int = 0) -> int:
         """Tokens of a prefill to schedule now; 0 = none this step. Any
-        chunk is at most the cap (smaller the deeper it starts, at
-        `start_tokens`); a `long` prefill also needs one of the step's
-        long-prefill slots."""
+        chunk is at most the cap, or `cap_tokens` when that is smaller
+        (smaller still the deeper it starts, at `start_tokens`); a `long`
+        prefill also needs one of the step's long-prefill slots."""
         take = min(uncomputed_tokens, self.budget_tokens)
         if not self.chunk_cap_tokens:
             return take
         if long and not self.long_slots:
             return 0
-        return min(take, chunk_at_depth(self.chunk_cap_tokens, start_tokens, self.depth_scale_tokens))
+        cap = min(self.chunk_cap_tokens, cap_tokens) if cap_tokens else self.chunk_cap_tokens
+        return min(take, chunk_at_depth(cap, start_tokens, self.depth_scale_tokens))
 
     def claim(self, long: bool) -> None:
         """A chunk of a prefill was scheduled."""

@@ -55,6 +55,7 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
             max_model_len_tokens=model.config.max_position_embeddings,
             interactive_preempt_after_s=settings.interactive_preempt_after_s,
             long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
+            long_prefill_chunk_tokens_beside_chats=settings.for_device("long_prefill_chunk_tokens_beside_chats"),
             max_long_prefills_per_step=settings.max_long_prefills_per_step,
             long_prefill_threshold_tokens=settings.for_device("long_prefill_threshold_tokens"),
             prefill_depth_scale_tokens=(

@@ -22,6 +22,11 @@ DEVICE_DEFAULTS = {
     # 128 kept chats' p99/median inter-token latency at 2.3x beside
     # near-context prompts where 256 gave 3.5x.
     "long_prefill_chunk_tokens": DeviceDefault(cpu=128, cuda=512),
+    # 48 kept another tenant's chats' p99 TTFT at 1.5x alone beside 8
+    # resident 1,500-token requests, where 128 gave 2.3x (tiny model, 2
+    # cores). On CUDA a chunk is a small part of the step's cost: the cap
+    # above (0) until a GPU measurement says otherwise.
+    "long_prefill_chunk_tokens_beside_chats": DeviceDefault(cpu=48, cuda=0),
     # 64 kept a flex flood's steps at ~15 ms instead of ~23 beside chats
     # (their p99 wait at the replica ~30 ms instead of ~40) for ~0.75x of
     # the batch output alone.
@@ -67,6 +72,10 @@ class ReplicaSettings(SluiceSettings):
     long_prefill_chunk_tokens: int | None = Field(
         None, ge=0, description="cap of one prompt's prefill chunk (ITL/TTFT bound); none = by device "
         "(DEVICE_DEFAULTS); 0 = no cap"
+    )
+    long_prefill_chunk_tokens_beside_chats: int | None = Field(
+        None, ge=0, description="cap of a long prompt's chunk while another tenant's chats arrived within "
+        "interactive_recent_s; none = by device (DEVICE_DEFAULTS); 0 = the chunk cap"
     )
     max_long_prefills_per_step: int = Field(1, ge=1, description="long prompts (see the threshold) with a chunk per step")
     long_prefill_threshold_tokens: int | None = Field(
