@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -387,6 +388,11 @@ async def warm_up(cluster_: "Cluster", prompts: PromptMaker) -> None:
             await asyncio.gather(stream_chat(client, key, "warm-up", long.next(), max_tokens=8),
                                  *(stream_chat(client, key, "warm-up", short.next(), max_tokens=16)
                                    for _ in range(4)))
+    # The client's own start-up heap (httpx, the tokenizer, the stack's
+    # handles) out of its later full collections: a 15-20 ms pause of this
+    # process's event loop would show up as the stack's latency.
+    gc.collect()
+    gc.freeze()
 
 
 # ------------------------------------------------------------------ load shapes

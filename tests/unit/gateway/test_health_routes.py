@@ -90,3 +90,12 @@ def test_a_metrics_port_moves_metrics_off_the_http_port(tmp_path):
     # The lifespan's end closes the metrics server with the app.
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_on_started_runs_once_its_stores_are_open_before_the_first_request(tmp_path):
+    seen = []
+    app = create_app(settings_for(tmp_path), on_started=lambda: seen.append(app.state.gateway is not None))
+    with TestClient(app) as client:
+        assert seen == [True]  # once, with the gateway's state (stores, keys, router) in place
+        assert client.get("/healthz").status_code == 200
+    assert seen == [True]

@@ -5,7 +5,7 @@ import uvicorn
 from sluice.gateway.app import create_app
 from sluice.gateway.http_edge import EdgeLimits, edge_protocol
 from sluice.gateway.settings import GatewaySettings
-from sluice.telemetry.process import service_telemetry
+from sluice.telemetry.process import freeze_startup_heap, service_telemetry
 
 
 def main() -> None:
@@ -20,7 +20,9 @@ def main() -> None:
     )
     with service_telemetry("gateway", settings.log_level, settings.log_format):
         uvicorn.run(
-            create_app(settings, limits),
+            # Once its stores, keys and router channel are open, what lives
+            # as long as the process is in and the per-request heap is not.
+            create_app(settings, limits, on_started=freeze_startup_heap),
             host=settings.gateway_host,
             port=settings.gateway_port,
             log_level=settings.log_level.lower(),

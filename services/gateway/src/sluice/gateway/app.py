@@ -1,7 +1,7 @@
 """The gateway's ASGI application."""
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
@@ -48,9 +48,12 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
     return api_error.response()
 
 
-def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None) -> Starlette:
+def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None,
+               on_started: Callable[[], None] | None = None) -> Starlette:
     """`edge_limits`: the HTTP server's (http_edge.py), whose counts the
-    metrics page shows. With settings.metrics_port set, /metrics is served
+    metrics page shows. `on_started` runs once the lifespan has opened
+    every resource, before the first request (the server process freezes
+    its start-up heap there). With settings.metrics_port set, /metrics is served
     on that port alone (a thread, as the gRPC services do), not on the
     public HTTP port."""
     @contextlib.asynccontextmanager
@@ -80,6 +83,8 @@ def create_app(settings: GatewaySettings, edge_limits: EdgeLimits | None = None)
             stream_deadline=StreamDeadline(settings.stream_deadline_interactive_s, settings.stream_deadline_batch_s,
                                            settings.stream_deadline_per_token_s),
         )
+        if on_started is not None:
+            on_started()
         try:
             yield
         finally:

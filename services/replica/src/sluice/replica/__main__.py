@@ -26,7 +26,7 @@ from sluice.replica.servicer import ReplicaServicer
 from sluice.replica.settings import ReplicaSettings
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.v1 import replica_pb2, replica_pb2_grpc
-from sluice.telemetry.process import service_telemetry
+from sluice.telemetry.process import freeze_startup_heap, service_telemetry
 
 log = logging.getLogger("sluice.replica")
 
@@ -106,6 +106,7 @@ async def serve(settings: ReplicaSettings) -> None:
     engine.start()
     port = await server.start(settings.replica_address, serving=False)  # until the first canary passes
     canary_task = asyncio.create_task(canary.run())
+    freeze_startup_heap()
     log.info("replica %s serving %s on port %d", settings.replica_id, settings.model_version, port)
     await wait_for_stop_signal()
     log.info("stopping")

@@ -26,7 +26,7 @@ from sluice.rpc.channels import insecure_channel
 from sluice.rpc.health_names import ROUTER_HAS_ROUTE, SCHEDULER_HAS_READY_REPLICA
 from sluice.rpc.server import HealthServer, wait_for_stop_signal
 from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
-from sluice.telemetry.process import service_telemetry
+from sluice.telemetry.process import freeze_startup_heap, service_telemetry
 
 log = logging.getLogger("sluice.router")
 
@@ -80,6 +80,7 @@ async def serve(settings: RouterSettings) -> None:
     watching = asyncio.create_task(catalog_watch.run()) if catalog_watch else None
     log.info("router serving on port %d; models %s%s", port, sorted(models.current.aliases),
              f"; re-reading {settings.models_file} every {settings.catalog_reload_interval_s:g}s" if watching else "")
+    freeze_startup_heap()
     await wait_for_stop_signal()
     log.info("stopping")
     readiness.cancel()

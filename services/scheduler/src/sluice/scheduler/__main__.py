@@ -15,7 +15,7 @@ from sluice.scheduler.replica_watch import ReplicaWatcher
 from sluice.scheduler.servicer import SchedulerServicer
 from sluice.scheduler.settings import SchedulerSettings
 from sluice.v1 import scheduler_pb2, scheduler_pb2_grpc
-from sluice.telemetry.process import service_telemetry
+from sluice.telemetry.process import freeze_startup_heap, service_telemetry
 
 log = logging.getLogger("sluice.scheduler")
 
@@ -55,6 +55,7 @@ async def serve(settings: SchedulerSettings, api_client: Any = None) -> None:
     readiness = asyncio.create_task(_report_readiness(server, watcher))
     sweep = asyncio.create_task(servicer.sweep_forever(settings.schedule_interval_s))
     log.info("scheduler serving on port %d, replica discovery %s", port, settings.replica_discovery)
+    freeze_startup_heap()
     await wait_for_stop_signal()
     log.info("stopping")
     readiness.cancel()
