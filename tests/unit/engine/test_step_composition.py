@@ -2,6 +2,8 @@
 decode, batch prefill capped beside interactive work, and a quiet tenant's
 prompt admitted ahead of another tenant's long prompt part-way through."""
 
+import pytest
+
 from sluice.engine.block_manager import BlockManager
 from sluice.engine.request import ServiceClass
 from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
@@ -304,16 +306,9 @@ def test_batch_chats_do_not_shrink_long_chunks(make_request):
     assert step(scheduler, 0.0)["long"] == 8
 
 
-def test_no_chat_cap_means_the_ordinary_cap(make_request):
-    scheduler = beside_chats(0)
-    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
-    scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 4)), now_s=0.0)
-    step(scheduler, 0.0)
-    assert step(scheduler, 0.1)["long"] == 8
-
-
-def test_a_chat_cap_above_the_chunk_cap_changes_nothing(make_request):
-    scheduler = beside_chats(32)
+@pytest.mark.parametrize("chat_cap", [0, 32], ids=["none", "above-the-chunk-cap"])
+def test_a_chat_cap_of_none_or_above_the_chunk_cap_leaves_the_ordinary_cap(make_request, chat_cap):
+    scheduler = beside_chats(chat_cap)
     scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
     scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 4)), now_s=0.0)
     step(scheduler, 0.0)
