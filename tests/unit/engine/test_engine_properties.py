@@ -2,7 +2,8 @@
 
 Hypothesis draws arrivals (tenants, classes, prompts that share prefixes),
 pool sizes small enough to force preemption, token budgets small enough to
-force chunking, how long an interactive sequence waits before it preempts
+force chunking, chunk caps (long prompts one chunk a step, smaller beside
+other tenants' chats), how long an interactive sequence waits before it preempts
 batch ones (steps are one second apart), cancels (between steps and while a step runs) and stop
 tokens. A fake model stands in for the runner: it remembers which token was
 written into every KV slot and, before it "samples", checks that the slots a
@@ -55,6 +56,12 @@ class Scenario:
     max_model_len: int
     arrivals: tuple[Arrival, ...]
     interactive_preempt_after_s: float | None = None
+    # Step composition: chunk caps (0 = none), the long-prompt threshold, the
+    # smaller cap beside other tenants' chats and the window that keeps them live.
+    long_prefill_chunk_tokens: int = 256
+    long_prefill_threshold_tokens: int = 512
+    long_prefill_chunk_tokens_beside_chats: int = 0
+    interactive_recent_s: float = 1.0
 
 
 def expected_outputs(request: EngineRequest, max_model_len: int) -> tuple[list[int], FinishReason]:
@@ -98,6 +105,10 @@ def scenarios(draw) -> Scenario:
         max_model_len=draw(st.sampled_from([4096, 24])),
         arrivals=tuple(arrivals),
         interactive_preempt_after_s=draw(st.sampled_from([None, 0.0, 0.25, 3.0])),
+        long_prefill_chunk_tokens=draw(st.sampled_from([0, 3, 8, 256])),
+        long_prefill_threshold_tokens=draw(st.sampled_from([0, 6, 512])),
+        long_prefill_chunk_tokens_beside_chats=draw(st.sampled_from([0, 1, 2])),
+        interactive_recent_s=draw(st.sampled_from([0.0, 1.5, 5.0])),
     )
 
 
@@ -175,7 +186,11 @@ class Driver:
         self.scheduler = IterationScheduler(
             SchedulerConfig(max_num_batched_tokens=s.budget_tokens, max_num_seqs=s.max_seqs,
                             max_model_len_tokens=s.max_model_len,
-                            interactive_preempt_after_s=s.interactive_preempt_after_s),
+                            interactive_preempt_after_s=s.interactive_preempt_after_s,
+                            long_prefill_chunk_tokens=s.long_prefill_chunk_tokens,
+                            long_prefill_threshold_tokens=s.long_prefill_threshold_tokens,
+                            long_prefill_chunk_tokens_beside_chats=s.long_prefill_chunk_tokens_beside_chats,
+                            interactive_recent_s=s.interactive_recent_s),
             self.blocks,
         )
         self.model = FakeModel(s.block_size)
