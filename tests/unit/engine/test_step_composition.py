@@ -313,3 +313,16 @@ def test_a_chat_cap_of_none_or_above_the_chunk_cap_leaves_the_ordinary_cap(make_
     scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 4)), now_s=0.0)
     step(scheduler, 0.0)
     assert step(scheduler, 0.1)["long"] == 8
+
+
+def test_a_chat_is_any_prompt_that_would_not_be_long(make_request):
+    # Threshold 0: long means over the chunk cap (8), so a 6-token prompt is a chat.
+    scheduler = IterationScheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=8,
+                        long_prefill_threshold_tokens=0, long_prefill_chunk_tokens_beside_chats=3),
+        BlockManager(256, 4),
+    )
+    scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
+    scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 6)), now_s=0.0)
+    step(scheduler, 0.0)
+    assert step(scheduler, 0.1)["long"] == 3

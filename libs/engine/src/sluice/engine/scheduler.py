@@ -98,7 +98,9 @@ class IterationScheduler:
         self._waiting.push(sequence)
         if request.service_class is ServiceClass.INTERACTIVE:
             self._last_interactive_arrival_s = max(self._last_interactive_arrival_s, sequence.arrival_s)
-            if len(request.prompt_token_ids) <= self.config.long_prefill_threshold_tokens:
+            # A chat: a prompt that would not be long (as _admit decides).
+            if len(request.prompt_token_ids) <= max(self.config.long_prefill_threshold_tokens,
+                                                    self.config.long_prefill_chunk_tokens):
                 key = request.fairness_key
                 self._chat_arrivals[key] = max(self._chat_arrivals.get(key, -math.inf), sequence.arrival_s)
 
