@@ -248,10 +248,13 @@ def test_a_quiet_tenants_prompt_that_loses_its_blocks_in_the_same_step_was_never
     assert scheduler.num_running == 1 and scheduler.num_waiting == 1
 
 
-def beside_chats(chat_cap: int, *, chunk_cap: int = 8, recent_s: float = 1.0) -> IterationScheduler:
+def beside_chats(chat_cap: int, *, chunk_cap: int = 8, recent_s: float = 1.0, long_over: int | None = None
+                 ) -> IterationScheduler:
+    """`long_over`: the long-prompt threshold; None = the chunk cap."""
     return IterationScheduler(
         SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=chunk_cap,
-                        long_prefill_threshold_tokens=chunk_cap, long_prefill_chunk_tokens_beside_chats=chat_cap,
+                        long_prefill_threshold_tokens=chunk_cap if long_over is None else long_over,
+                        long_prefill_chunk_tokens_beside_chats=chat_cap,
                         interactive_recent_s=recent_s),
         BlockManager(256, 4),
     )
@@ -317,11 +320,7 @@ def test_a_chat_cap_of_none_or_above_the_chunk_cap_leaves_the_ordinary_cap(make_
 
 def test_a_chat_is_any_prompt_that_would_not_be_long(make_request):
     # Threshold 0: long means over the chunk cap (8), so a 6-token prompt is a chat.
-    scheduler = IterationScheduler(
-        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16, long_prefill_chunk_tokens=8,
-                        long_prefill_threshold_tokens=0, long_prefill_chunk_tokens_beside_chats=3),
-        BlockManager(256, 4),
-    )
+    scheduler = beside_chats(3, long_over=0)
     scheduler.add(make_request("long", max_output=2, tenant="a", prompt=own(1000, 100)), now_s=0.0)
     scheduler.add(make_request("chat", max_output=20, tenant="b", prompt=own(2000, 6)), now_s=0.0)
     step(scheduler, 0.0)
