@@ -98,9 +98,10 @@ class IterationScheduler:
         self._waiting.push(sequence)
         if request.service_class is ServiceClass.INTERACTIVE:
             self._last_interactive_arrival_s = max(self._last_interactive_arrival_s, sequence.arrival_s)
-            # A chat: a prompt that would not be long (as _admit decides).
-            if len(request.prompt_token_ids) <= max(self.config.long_prefill_threshold_tokens,
-                                                    self.config.long_prefill_chunk_tokens):
+            # A chat: a prompt that would not be long. Recorded only where the
+            # cap beside chats is on: only then does a step forget old ones.
+            if (self.config.long_prefill_chunk_tokens_beside_chats
+                    and not self.config.is_long_prefill(len(request.prompt_token_ids))):
                 key = request.fairness_key
                 self._chat_arrivals[key] = max(self._chat_arrivals.get(key, -math.inf), sequence.arrival_s)
 
@@ -245,7 +246,7 @@ class IterationScheduler:
         """Tenants whose latest chat arrived within `interactive_recent_s`
         (older arrivals forgotten, so the map stays as small as the tenants
         chatting now)."""
-        if not self._chat_arrivals or not self.config.long_prefill_chunk_tokens_beside_chats:
+        if not self._chat_arrivals:
             return frozenset()
         horizon_s = now_s - self.config.interactive_recent_s
         for key in [k for k, arrival_s in self._chat_arrivals.items() if arrival_s <= horizon_s]:
@@ -319,8 +320,7 @@ class IterationScheduler:
             # allocated after the hit's: both count as computed.
             start = max(prefix.num_tokens, sequence.num_external_tokens)
             uncomputed = sequence.num_tokens - start
-            cap = self.config.long_prefill_chunk_tokens
-            long = bool(cap) and uncomputed > max(self.config.long_prefill_threshold_tokens, cap)
+            long = self.config.is_long_prefill(uncomputed)
             take = step.take(uncomputed, long, start, self._long_cap(sequence, long))
             if take == 0:
                 return False  # a long prompt, and this step's long chunks are taken: it keeps its place

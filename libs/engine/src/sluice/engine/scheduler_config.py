@@ -80,6 +80,12 @@ class SchedulerConfig:
     # waiting.
     interactive_recent_s: float = 1.0
 
+    def is_long_prefill(self, uncomputed_tokens: int) -> bool:
+        """A prefill of this many tokens is long: chunked one chunk a step in
+        a long-prefill slot (only where chunks are capped at all)."""
+        cap = self.long_prefill_chunk_tokens
+        return bool(cap) and uncomputed_tokens > max(self.long_prefill_threshold_tokens, cap)
+
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
