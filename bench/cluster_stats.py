@@ -9,6 +9,8 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -101,6 +103,70 @@ class CoresUsed:
     def read(self) -> dict[str, float]:
         wall_s = max(time.monotonic() - self._started_s, 1e-9)
         return {name: (process_cpu_s(pid) - self._cpu_s[name]) / wall_s for name, pid in self.pids.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadTimes:
+    """One thread's scheduler accounting (/proc/PID/task/TID): how long it
+    ran, how long it was runnable but waiting for a core, and how often it
+    stopped: blocked (a lock, the GIL, a sleep, I/O) or preempted."""
+
+    on_core_s: float
+    waiting_s: float
+    blocked: int
+    preempted: int
+
+    def since(self, earlier: ThreadTimes) -> ThreadTimes:
+        return ThreadTimes(self.on_core_s - earlier.on_core_s, self.waiting_s - earlier.waiting_s,
+                           self.blocked - earlier.blocked, self.preempted - earlier.preempted)
+
+
+NO_TIME = ThreadTimes(0.0, 0.0, 0, 0)  # a thread born after the first reading
+
+
+def thread_times(pid: int) -> dict[int, ThreadTimes]:
+    """Per thread id of `pid`; {} where the kernel keeps no schedstat."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            on_core_ns, waiting_ns, _ = (task / "schedstat").read_text().split()
+            status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # the thread ended, or no schedstat
+        times[int(task.name)] = ThreadTimes(int(on_core_ns) / 1e9, int(waiting_ns) / 1e9,
+                                            int(status["voluntary_ctxt_switches"]),
+                                            int(status["nonvoluntary_ctxt_switches"]))
+    return times
+
+
+class CoreWaits:
+    """What each named process's threads did between construction and
+    `read()`: cores' worth on a core and cores' worth runnable but waiting
+    for one (a process whose threads wait while it has work is short of CPU,
+    whatever its CPU seconds say), and its busiest thread apart."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._started_s = time.monotonic()
+        self._before = {name: thread_times(pid) for name, pid in pids.items()}
+
+    def read(self) -> dict[str, dict[str, float]]:
+        wall_s = max(time.monotonic() - self._started_s, 1e-9)
+        out = {}
+        for name, pid in self.pids.items():
+            before, after = self._before[name], thread_times(pid)
+            deltas = [now.since(before.get(tid, NO_TIME)) for tid, now in after.items()]
+            if not deltas:
+                continue
+            busiest = max(deltas, key=lambda t: t.on_core_s)
+            out[name] = {
+                "on_core": sum(t.on_core_s for t in deltas) / wall_s,
+                "waiting": sum(t.waiting_s for t in deltas) / wall_s,
+                "busiest_on_core": busiest.on_core_s / wall_s, "busiest_waiting": busiest.waiting_s / wall_s,
+                "busiest_blocked_per_s": busiest.blocked / wall_s,
+                "busiest_preempted_per_s": busiest.preempted / wall_s,
+            }
+        return out
 
 
 def describe_cores(cores: dict[str, float]) -> str:

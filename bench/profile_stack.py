@@ -11,6 +11,10 @@ ignore_eos, 128 requests) from this process, and prints per process:
 - with --py-spy, the functions that process spent its samples in (py-spy
   record, non-blocking, 100 Hz; self time by function and the heaviest
   inclusive frames), so the next change starts from a profile;
+- per process, the cores' worth of time its threads ran and were
+  runnable but waiting for a core (/proc/<pid>/task/*/schedstat), and for
+  the replica the engine thread apart: a service whose threads wait while
+  it has work is short of CPU, which CPU seconds alone do not show;
 - the engine's mean step time and tokens per step in the stack (the
   replica's sluice_engine_step_duration_seconds) beside the same requests
   run through the same engine core with no services around it.
@@ -42,7 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_harness import MODEL, MODEL_DIR, PromptMaker, cpu_model  # noqa: E402
-from cluster_stats import metric_value, parse_metrics, process_cpu_s  # noqa: E402
+from cluster_stats import CoreWaits, metric_value, parse_metrics, process_cpu_s  # noqa: E402
 
 from sluice.devstack.stack import LocalStack, StackPorts  # noqa: E402
 
@@ -170,6 +174,22 @@ def print_py_spy(name: str, summary: dict) -> None:
     print("    inclusive: " + "\n               ".join(f"{100 * n / total:5.1f}%  {f}" for f, n in summary["inclusive"]))
 
 
+def print_core_waits(waits: dict[str, dict[str, float]]) -> None:
+    """A process that is short of CPU shows as time its threads were
+    runnable but not on a core; its busiest thread is, for the replica, the
+    engine's (the model runs there)."""
+    if not waits:
+        print("  (no per-thread scheduler statistics on this kernel)")
+        return
+    print("  cores' worth on a core / runnable but waiting for one: " + ", ".join(
+        f"{name} {w['on_core']:.2f} / {w['waiting']:.2f}" for name, w in waits.items()))
+    for name, w in waits.items():
+        if name == "replica":
+            print(f"  replica's busiest thread (the engine's): {w['busiest_on_core']:.0%} of the time on a core, "
+                  f"{w['busiest_waiting']:.0%} waiting for one; {w['busiest_preempted_per_s']:,.0f} preemptions "
+                  f"and {w['busiest_blocked_per_s']:,.0f} blocking waits a second")
+
+
 # ------------------------------------------------------------------ engine alone
 
 
@@ -215,7 +235,9 @@ def stack_round(model_dir: Path, log_dir: Path, prompts: list[str], py_spy_dir: 
         recorders = start_py_spy(pids, py_spy_dir) if py_spy_dir else {}
         cpu_before = {name: process_cpu_s(pid) for name, pid in pids.items()}
         client_before, engine_before = self_cpu_s(), engine_counters(stack)
+        waits = CoreWaits(pids | {"load client": os.getpid()})
         load = asyncio.run(drive(stack.gateway_url, stack.api_key, prompts))
+        core_waits = waits.read()
         cpu = {name: process_cpu_s(pid) - cpu_before[name] for name, pid in pids.items()}
         cpu["load client"] = self_cpu_s() - client_before
         engine_after = engine_counters(stack)
@@ -233,6 +255,7 @@ def stack_round(model_dir: Path, log_dir: Path, prompts: list[str], py_spy_dir: 
         "engine_mean_step_ms": 1000 * (engine_after[0] - engine_before[0]) / max(steps, 1),
         "engine_decode_tokens_per_step": (engine_after[2] - engine_before[2]) / max(steps, 1),
         "engine_steps": steps,
+        "core_waits": core_waits,
     }
 
 
@@ -268,6 +291,7 @@ def main() -> int:
                   f"{result['errors']}; engine step {result['engine_mean_step_ms']:.1f} ms for "
                   f"{result['engine_decode_tokens_per_step']:.1f} decode tokens", flush=True)
             print(f"  CPU s per 1,000 output tokens: {per_1k}", flush=True)
+            print_core_waits(result["core_waits"])
             if spy_dir:
                 for name in sorted(p.stem for p in spy_dir.glob("*.txt")):
                     profiles[name] = summarise_py_spy(spy_dir / f"{name}.txt", args.top)
