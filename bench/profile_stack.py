@@ -183,11 +183,11 @@ def print_core_waits(waits: dict[str, dict[str, float]]) -> None:
         return
     print("  cores' worth on a core / runnable but waiting for one: " + ", ".join(
         f"{name} {w['on_core']:.2f} / {w['waiting']:.2f}" for name, w in waits.items()))
-    for name, w in waits.items():
-        if name == "replica":
-            print(f"  replica's busiest thread (the engine's): {w['busiest_on_core']:.0%} of the time on a core, "
-                  f"{w['busiest_waiting']:.0%} waiting for one; {w['busiest_preempted_per_s']:,.0f} preemptions "
-                  f"and {w['busiest_blocked_per_s']:,.0f} blocking waits a second")
+    replica = waits.get("replica")
+    if replica:
+        print(f"  replica's busiest thread (the engine's): {replica['busiest_on_core']:.0%} of the time on a core, "
+              f"{replica['busiest_waiting']:.0%} waiting for one; {replica['busiest_preempted_per_s']:,.0f} "
+              f"preemptions and {replica['busiest_blocked_per_s']:,.0f} blocking waits a second")
 
 
 # ------------------------------------------------------------------ engine alone
