@@ -1,7 +1,8 @@
-"""The gateway's HTTP edge (uvicorn's h11 protocol with limits) on a real
-uvicorn server on loopback: connection limits answered in OpenAI's error
-shape with Retry-After, headers that never finish answered 408, malformed
-HTTP answered 400 in JSON; and the catch-all's 500 for an unexpected error."""
+"""The gateway's HTTP edge (uvicorn's httptools protocol with limits) on a
+real uvicorn server on loopback: connection limits answered in OpenAI's
+error shape with Retry-After, headers that never finish answered 408, a
+request head over its bound and malformed HTTP answered 400 in JSON; and
+the catch-all's 500 for an unexpected error."""
 
 import asyncio
 import contextlib
@@ -30,6 +31,10 @@ async def _boom(request):
     raise RuntimeError("a bug, with the secret prompt text in no log")
 
 
+async def _body_size(request):
+    return PlainTextResponse(str(len(await request.body())))
+
+
 STREAM_CLOSED = asyncio.Event()
 
 
@@ -44,7 +49,8 @@ async def _endless(request):
     return StreamingResponse(chunks())
 
 
-APP = Starlette(routes=[Route("/", _ok), Route("/boom", _boom), Route("/endless", _endless)],
+APP = Starlette(routes=[Route("/", _ok), Route("/boom", _boom), Route("/endless", _endless),
+                        Route("/size", _body_size, methods=["POST"])],
                 middleware=[Middleware(CatchAll)])
 
 
@@ -159,6 +165,45 @@ async def test_an_unexpected_error_is_one_log_line_and_a_500_naming_a_request_id
     assert error["type"] == "server_error" and error["code"] == "internal_error" and request_id in error["message"]
     records = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(records) == 1 and request_id in records[0].getMessage()
+
+
+async def test_a_request_head_over_the_bound_is_a_json_400():
+    limits = EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=0, max_header_bytes=1024)
+    async with serving(limits) as port:
+        head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Filler: " + b"a" * 1100 + b"\r\n\r\n"
+        status, error, _ = _error(await _exchange(port, head))
+        assert status == 400 and error["type"] == "invalid_request_error"
+        assert "over 1024 bytes" in error["message"]
+        # Just under the bound is served.
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{port}/", headers={"X-Filler": "a" * 700})
+            assert response.text == "ok"
+    assert limits.closes["malformed"] == 1
+
+
+async def test_a_body_that_arrives_with_its_head_does_not_count_as_head():
+    limits = EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=0, max_header_bytes=1024)
+    async with serving(limits) as port:
+        body = b"b" * 65536
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        answer = await asyncio.wait_for(reader.readuntil(b"65536"), 5.0)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+
+
+async def test_pipelined_requests_are_answered_in_order_and_not_timed_as_heads():
+    async with serving(LIMITS) as port:  # header timeout 0.5 s
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+                     b"POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde")
+        answers = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n5"), 5.0)
+        assert answers.count(b"HTTP/1.1 200") == 2 and answers.index(b"\r\n\r\n3") < answers.index(b"\r\n\r\n5")
+        await asyncio.sleep(1.0)  # past the header timeout: an idle kept-alive connection is not a slow head
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        third = await asyncio.wait_for(reader.readuntil(b"ok"), 5.0)
+        writer.close()
+    assert third.startswith(b"HTTP/1.1 200")
 
 
 @pytest.mark.parametrize("limits", [LIMITS])

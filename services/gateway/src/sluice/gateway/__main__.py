@@ -17,6 +17,7 @@ def main() -> None:
         max_connections=settings.http_max_connections,
         max_connections_per_client=settings.http_max_connections_per_client,
         write_timeout_s=settings.http_write_timeout_s,
+        max_header_bytes=settings.http_max_header_bytes,
     )
     with service_telemetry("gateway", settings.log_level, settings.log_format):
         uvicorn.run(
@@ -32,7 +33,6 @@ def main() -> None:
             http=edge_protocol(limits),
             loop="auto",  # uvloop where installed (a gateway dependency off Windows), else asyncio
             timeout_keep_alive=int(settings.http_keep_alive_timeout_s),
-            h11_max_incomplete_event_size=settings.http_max_header_bytes,
         )
 
 

@@ -1,23 +1,28 @@
 """Limits at the HTTP server, below the ASGI app: what uvicorn does not do.
 
-uvicorn (0.54, h11) has a keep-alive timeout and a header size bound, but
-no timeout for a request that never finishes its headers (a slowloris
-connection costs its sender nothing and is held for ever), no bound on
-connections per client address, and it answers malformed HTTP and its own
-concurrency limit in plain text. `edge_protocol(limits)` is uvicorn's h11
-protocol with those added:
+The gateway speaks HTTP/1.1 through uvicorn's httptools protocol (the C
+parser, llhttp): under the peer benchmark's load the pure-Python h11
+protocol was a quarter of the gateway's CPU per streamed token, and nearly
+half of what a refusal costs (a flood far over its limits is answered
+here, request after request). uvicorn has a keep-alive timeout, but no
+timeout for a request that never finishes its headers (a slowloris
+connection costs its sender nothing and is held for ever), no bound on the
+request head with this parser, no bound on connections per client address,
+and it answers malformed HTTP and its own concurrency limit in plain text.
+`edge_protocol(limits)` is uvicorn's httptools protocol with those added:
 
     connection accepted ── over max_connections ───────────▶ 503 JSON, closed
                        └── over max_connections_per_client ▶ 429 JSON, closed
     request headers not complete within header_timeout_s ──▶ 408 JSON, closed
     (bytes received; an idle connection is just closed)
+    request line and headers over max_header_bytes ────────▶ 400 JSON, closed
     a response the client stops reading, for write_timeout_s ▶ connection aborted
     (the app sees a disconnect: its stream is cancelled upstream, its slot freed)
-    malformed request line or headers, or over the header bound ▶ 400 JSON
+    malformed request line or headers ─────────────────────▶ 400 JSON
 
 Answers are the app's own ApiError answers (OpenAI's error shape,
-Retry-After where a retry helps), written as raw HTTP/1.1 since h11 has no
-request to answer yet. The body read timeout is the app's
+Retry-After where a retry helps), written as raw HTTP/1.1 since no request
+exists yet to answer through the app. The body read timeout is the app's
 (schemas.read_json_body): by then a request exists and its answer goes
 through the app.
 
@@ -32,8 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.gateway.errors import ApiError
 from sluice.outcomes import Reason
@@ -42,6 +46,8 @@ log = logging.getLogger(__name__)
 
 # What the edge counts (sluice_gateway_http_edge_closes_total{reason}).
 EDGE_REASONS = ("too_many_connections", "client_connections", "header_timeout", "write_timeout", "malformed")
+# What each header line adds to the head besides its name and value (": " and CRLF).
+HEADER_LINE_OVERHEAD_BYTES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,27 +57,35 @@ class EdgeLimits:
     max_connections_per_client: int  # per client address; 0 = no limit
     retry_after_s: int = 1  # on a 429 or 503 for too many connections
     write_timeout_s: float = 60.0  # a paused write (the client reads nothing) for this long aborts
+    max_header_bytes: int = 16 * 1024  # request line and headers of one request
     # Connections refused or closed by these limits, by EDGE_REASONS; the
     # protocol (on the event loop) writes it, the metrics page reads it.
     closes: Counter = field(default_factory=Counter)
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the parser stops and uvicorn answers 400."""
+
+
 def error_response(reason: Reason, message: str, retry_after_s: int | None = None) -> bytes:
     """The app's ApiError answer for `reason` as a whole HTTP/1.1 response
-    that closes the connection (h11 has no request to answer yet)."""
+    that closes the connection (no request exists yet to answer through the app)."""
     answer = ApiError.of(reason, message, retry_after_s=retry_after_s).response()
     head = f"HTTP/1.1 {answer.status_code} {HTTPStatus(answer.status_code).phrase}\r\n".encode("ascii")
     head += b"".join(name + b": " + value + b"\r\n" for name, value in answer.raw_headers)
     return head + b"connection: close\r\n\r\n" + answer.body
 
 
-def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
-    """uvicorn's h11 protocol class with `limits` (pass as uvicorn's `http`)."""
+def edge_protocol(limits: EdgeLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol class with `limits` (pass as uvicorn's `http`)."""
 
-    class EdgeProtocol(H11Protocol):
+    class EdgeProtocol(HttpToolsProtocol):
         _header_timer = None
         _write_timer = None
-        _received_bytes = False
+        _received_bytes = False  # of the request whose head is awaited
+        _awaiting_head = True  # no request's headers are complete since the last response
+        _head_bytes = 0
+        _head_too_large = False
 
         def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
             super().connection_made(transport)
@@ -83,16 +97,42 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
             self._arm_header_timer()
 
         def data_received(self, data: bytes) -> None:
-            self._received_bytes = self._received_bytes or bool(data)
+            if data and self._awaiting_head:
+                self._received_bytes = True
+                if self._header_timer is None:
+                    self._arm_header_timer()  # part of a next request on a kept-alive connection
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:
-                self._disarm_header_timer()  # the headers are in: the app's own timeouts apply
-            elif self._header_timer is None:
-                self._arm_header_timer()  # part of a next request on a kept-alive connection
+
+        # Parser callbacks: the head's size as it is parsed (a head and a
+        # body can arrive in one read, so the read's size says nothing).
+        def on_message_begin(self) -> None:
+            self._head_bytes = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_head(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_head(len(name) + len(value) + HEADER_LINE_OVERHEAD_BYTES)
+            super().on_header(name, value)
+
+        def _count_head(self, size: int) -> None:
+            self._head_bytes += size
+            if self._head_bytes > limits.max_header_bytes:
+                self._head_too_large = True
+                raise _HeadTooLarge
+
+        def on_headers_complete(self) -> None:
+            self._awaiting_head = False
+            self._disarm_header_timer()  # the headers are in: the app's own timeouts apply
+            super().on_headers_complete()
 
         def on_response_complete(self) -> None:
             self._received_bytes = False
-            super().on_response_complete()  # arms the keep-alive timeout for an idle connection
+            super().on_response_complete()  # arms the keep-alive timeout, or starts a pipelined request
+            # A pipelined request whose headers arrived meanwhile is the cycle now.
+            self._awaiting_head = self.cycle is None or self.cycle.response_complete
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
@@ -124,8 +164,12 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
 
         def send_400_response(self, msg: str) -> None:
             limits.closes["malformed"] += 1
+            if self._head_too_large:
+                message = f"The request line and headers are over {limits.max_header_bytes} bytes."
+            else:
+                message = f"Malformed HTTP request: {msg}"
             if not self.transport.is_closing():
-                self.transport.write(error_response(Reason.INVALID_REQUEST, f"Malformed HTTP request: {msg}"))
+                self.transport.write(error_response(Reason.INVALID_REQUEST, message))
                 self.transport.close()
 
         def _over_connection_limits(self) -> bytes | None:
@@ -156,7 +200,7 @@ def edge_protocol(limits: EdgeLimits) -> type[H11Protocol]:
 
         def _header_timeout(self) -> None:
             self._header_timer = None
-            if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            if self.transport.is_closing() or not self._awaiting_head:
                 return
             limits.closes["header_timeout"] += 1
             if self._received_bytes:

@@ -40,7 +40,8 @@ class GatewaySettings(SluiceSettings):
     # Above the common load balancers' idle timeouts (60 s), so the balancer
     # closes an idle connection before we do (uvicorn's 5 s races them).
     http_keep_alive_timeout_s: float = Field(65.0, gt=0, description="an idle kept-alive connection is closed after")
-    # h11's default; NGINX allows 4 x 8 KiB header lines.
+    # The request line and headers (http_edge.py counts them); NGINX allows
+    # 4 x 8 KiB header lines.
     http_max_header_bytes: int = Field(16 * 1024, gt=0, description="larger request heads get 400")
     http_max_connections: int = Field(4096, ge=0, description="open connections per process (then 503); 0 = no limit")
     # Off behind a proxy (all connections come from its address): limit per
