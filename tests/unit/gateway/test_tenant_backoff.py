@@ -1,9 +1,11 @@
 """The gateway's memory of a tenant-cap refusal: refuses that tenant's
 next requests at once with the rest of the Retry-After, for that model
-only, never longer than MAX_BACKOFF_S, and forgets when one of the tenant's
-requests ends it lets one more through."""
+only, never longer than MAX_BACKOFF_S; when one of the tenant's requests
+ends it lets one more through; when the wait is over it lets one probe
+through, not the herd, and forgets once a probe meets no cap or no one
+waits on it."""
 
-from sluice.gateway.tenant_backoff import MAX_BACKOFF_S, TenantBackoff
+from sluice.gateway.tenant_backoff import MAX_BACKOFF_S, PROBE_RETRY_S, PROBE_TIMEOUT_S, TenantBackoff
 from sluice.outcomes import Reason
 from sluice.rpc.errors import ServiceError
 
@@ -97,3 +99,84 @@ def test_refusals_from_memory_are_spread_by_how_often_the_tenants_requests_end()
     waits = [backoff.check("acme", "tiny", "interactive").retry_after_s for _ in range(3)]
     assert [round(w, 9) for w in waits] == [1.0, 1.5, 2.0]
     assert backoff.check("other", "tiny", "interactive") is None
+
+
+def _expired(retry_after_s: float = 1.0) -> tuple[Clock, TenantBackoff]:
+    """A memory whose wait has just ended."""
+    clock = Clock()
+    backoff = TenantBackoff(clock)
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE, retry_after_s=retry_after_s))
+    clock.now_s += retry_after_s
+    return clock, backoff
+
+
+def test_the_end_of_the_wait_lets_one_probe_through_not_the_herd():
+    _, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None  # the probe
+    herd = [backoff.check("acme", "tiny", "interactive") for _ in range(20)]
+    assert all(error is not None and error.code == "tenant_kv_share" for error in herd)
+    assert min(error.retry_after_s for error in herd) >= PROBE_RETRY_S
+
+
+def test_a_probe_refused_at_the_cap_is_remembered_afresh():
+    clock, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE, retry_after_s=2.0))
+    clock.now_s += 1.0
+    assert abs(backoff.check("acme", "tiny", "interactive").retry_after_s - 1.0) < 1e-9
+
+
+def test_a_probe_admitted_with_no_one_waiting_ends_the_memory():
+    _, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None
+    backoff.admitted("acme", "tiny", "interactive")
+    assert all(backoff.check("acme", "tiny", "interactive") is None for _ in range(5))
+
+
+def test_a_probe_admitted_while_others_waited_lets_the_next_one_probe():
+    _, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None
+    assert backoff.check("acme", "tiny", "interactive") is not None  # waits on the probe
+    backoff.admitted("acme", "tiny", "interactive")
+    assert backoff.check("acme", "tiny", "interactive") is None  # the next probe
+    assert backoff.check("acme", "tiny", "interactive") is not None  # one trip at a time
+    backoff.admitted("acme", "tiny", "interactive")
+    # Another admission, with someone refused meanwhile: still one at a time.
+    assert backoff.check("acme", "tiny", "interactive") is None
+    backoff.admitted("acme", "tiny", "interactive")  # no one waited on this one
+    assert backoff.check("acme", "tiny", "interactive") is None
+    assert backoff.check("acme", "tiny", "interactive") is None
+
+
+def test_an_admission_that_is_no_probe_changes_nothing():
+    clock = Clock()
+    backoff = TenantBackoff(clock)
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.TENANT_KV_SHARE))
+    backoff.freed("acme")
+    assert backoff.check("acme", "tiny", "interactive") is None  # a pass, not a probe
+    backoff.admitted("acme", "tiny", "interactive")
+    assert backoff.check("acme", "tiny", "interactive") is not None
+
+
+def test_a_probe_refused_for_another_reason_ends_the_memory():
+    _, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None
+    assert backoff.check("acme", "tiny", "interactive") is not None
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.OVER_CAPACITY))  # the pool's limit, not the cap
+    assert all(backoff.check("acme", "tiny", "interactive") is None for _ in range(5))
+
+
+def test_a_probe_never_answered_is_replaced_after_its_timeout():
+    clock, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None  # its caller leaves; no answer comes
+    clock.now_s += PROBE_TIMEOUT_S - 0.1
+    assert backoff.check("acme", "tiny", "interactive") is not None
+    clock.now_s += 0.1
+    assert backoff.check("acme", "tiny", "interactive") is None  # the next probe
+    assert backoff.check("acme", "tiny", "interactive") is not None
+
+
+def test_a_memory_nothing_was_refused_by_for_a_while_is_forgotten():
+    clock, backoff = _expired()
+    clock.now_s += MAX_BACKOFF_S
+    assert all(backoff.check("acme", "tiny", "interactive") is None for _ in range(5))

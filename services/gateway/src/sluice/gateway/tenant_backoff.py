@@ -8,17 +8,32 @@ to hear the same answer.
                                                       scheduler (the room one request freed)
     the scheduler refuses that one too             ─▶ remember afresh, no passes
     ... or refuses it for another reason (413)     ─▶ the pass comes back: the room is unused
+    the remembered wait is over                    ─▶ one probe goes to the scheduler; the
+                                                      rest are still refused until it is answered
+    the probe is refused at the cap                ─▶ remember afresh
+    ... admitted, no one refused meanwhile         ─▶ forget
+    ... admitted, others refused meanwhile         ─▶ the next request is the next probe: one
+                                                      trip to the scheduler at a time
+    ... refused for another reason                 ─▶ forget: the cap is not what binds
+    nothing refused for MAX_BACKOFF_S past the wait ─▶ forget
 
 A flood far over its caps then costs a dictionary lookup per request, not a
 trip through the router and scheduler, so it cannot take the CPU the other
 tenants' streams need. One ending request lets one through, not all: a
 flood of 64 callers would otherwise send its whole herd to the router and
 scheduler each time one of its streams ends (measured: ~20 refusals there
-per finish, arriving together, ahead of other tenants' requests). The
+per finish, arriving together, ahead of other tenants' requests). For the
+same reason the end of a remembered wait lets one probe through, not the
+herd: forgetting at once sent every caller in the window before the
+scheduler's next refusal came back, as many as the tenant's bucket had
+refilled during the wait (10-16 long prompts within 100 ms every few
+seconds, traced), and a quiet tenant's request queued behind their
+tokenization in the router for ~100 ms. A probe whose answer never comes
+(its caller left while it queued) is replaced after PROBE_TIMEOUT_S. The
 memory is per gateway process and only ever shortens what the scheduler
 said; a request that would have fitted (a smaller one) may wait out the
-rest of the Retry-After. The caps count each
-class apart, so a batch (flex) refusal never holds back interactive calls.
+rest of the Retry-After. The caps count each class apart, so a batch (flex)
+refusal never holds back interactive calls.
 
 Refusals from memory are spread as the scheduler spreads its own: the
 first is told the remembered Retry-After, each next one a slot later by
@@ -40,6 +55,11 @@ TENANT_CAP_REASONS = frozenset({Reason.TENANT_CONCURRENCY, Reason.TENANT_KV_SHAR
 # requests may end on other gateways, which this one does not see.
 MAX_BACKOFF_S = 5.0
 MAX_ENTRIES = 10_000
+# A probe not answered within this long (its caller left while it queued)
+# is replaced by the next request; meanwhile callers are told to come back
+# no sooner than PROBE_RETRY_S.
+PROBE_TIMEOUT_S = 5.0
+PROBE_RETRY_S = 0.25
 # Smoothing of the interval between a tenant's request ends (~the last 5).
 END_INTERVAL_WEIGHT = 0.2
 
@@ -51,6 +71,9 @@ class _Backoff:
     until_s: float
     passes: int = 0  # requests to let through to the scheduler: one per ending request
     next_slot_s: float = 0.0  # when the next caller refused from memory is told to return
+    probe_until_s: float | None = None  # a probe is out (the wait ended): wait for it until then
+    refused_while_probing: int = 0
+    last_refused_s: float = 0.0
 
 
 class TenantBackoff:
@@ -68,7 +91,9 @@ class TenantBackoff:
         key = (tenant, model, tier)
         if info.reason not in TENANT_CAP_REASONS or not info.retry_after_s:
             entry = self._entries.get(key)
-            if entry is not None:
+            if entry is not None and entry.probe_until_s is not None:
+                del self._entries[key]  # the probe met another limit: the cap is not what binds
+            elif entry is not None:
                 entry.passes += 1  # at worst one extra trip to the scheduler
             return
         if len(self._entries) >= MAX_ENTRIES:
@@ -81,15 +106,37 @@ class TenantBackoff:
         if entry is None:
             return None
         now_s = self._clock()
-        if entry.until_s <= now_s:
-            del self._entries[(tenant, model, tier)]
+        probing = entry.probe_until_s is not None and entry.probe_until_s > now_s
+        if entry.until_s <= now_s and not probing:
+            if now_s - max(entry.until_s, entry.last_refused_s) >= MAX_BACKOFF_S:
+                del self._entries[(tenant, model, tier)]  # stale: nothing refused for a while
+                return None
+            entry.probe_until_s = now_s + PROBE_TIMEOUT_S  # this request is the probe
+            entry.refused_while_probing = 0
             return None
         if entry.passes:
             entry.passes -= 1
             return None
-        at_s = max(entry.next_slot_s, entry.until_s)
+        if probing:
+            entry.refused_while_probing += 1
+        entry.last_refused_s = now_s
+        at_s = max(entry.next_slot_s, entry.until_s, now_s + PROBE_RETRY_S if probing else now_s)
         entry.next_slot_s = at_s + self._end_interval_s(tenant)
         return ApiError.of(entry.reason, entry.message, retry_after_s=at_s - now_s)
+
+    def admitted(self, tenant: str, model: str, tier: str) -> None:
+        """One of the tenant's requests was admitted. A probe's admission
+        ends the memory when no one waited on it; otherwise the next
+        request is the next probe (one trip to the scheduler at a time)."""
+        key = (tenant, model, tier)
+        entry = self._entries.get(key)
+        if entry is None or entry.probe_until_s is None:
+            return
+        if not entry.refused_while_probing:
+            del self._entries[key]
+            return
+        entry.probe_until_s = None
+        entry.until_s = self._clock()  # still past: the next request probes; staleness counts from here
 
     def _end_interval_s(self, tenant: str) -> float:
         """The smoothed interval between the tenant's request ends here; 0

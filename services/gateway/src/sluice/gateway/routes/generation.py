@@ -150,6 +150,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             # A request may queue in the scheduler for a while before its
             # first event: a client that leaves meanwhile must leave the queue.
             opened = await _unless_disconnected(request, state.router.open_stream(routed))
+            state.backoff.admitted(tenant.name, body.model, tier)
         except ClientLeft:
             state.background.spawn(state.front_door.finish(ticket, None))
             state.metrics.requests_total.labels(model_label, "499", "client_left_queued").inc()
