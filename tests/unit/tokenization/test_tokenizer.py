@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.tokenization import ChatTemplateError, Tokenizer
+from sluice.tokenization.tokenizer import GIL_FREE_ENCODE_MIN_CHARS
 
 SAMPLES = [
     "",
@@ -63,6 +64,16 @@ def test_special_tokens_in_text_map_to_their_ids(tokenizer: Tokenizer) -> None:
 
 def test_add_special_tokens_prepends_bos(tokenizer: Tokenizer) -> None:
     assert tokenizer.encode("hi", add_special_tokens=True) == [1, *tokenizer.encode("hi")]
+
+
+@pytest.mark.parametrize("add_special_tokens", [False, True])
+def test_a_long_text_encodes_as_the_single_call_does(tokenizer: Tokenizer, add_special_tokens: bool) -> None:
+    # Long texts take the batch call (it releases the GIL); the ids must not change.
+    text = " ".join(SAMPLES) * (GIL_FREE_ENCODE_MIN_CHARS // len(" ".join(SAMPLES)) + 2) + "<s>end</s>"
+    assert len(text) >= GIL_FREE_ENCODE_MIN_CHARS
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    assert ids == tokenizer._backend.encode(text, add_special_tokens=add_special_tokens).ids  # the single call
+    assert tokenizer.decode(ids, skip_special_tokens=False).endswith("<s>end</s>")
 
 
 def test_apply_chat_template_encodes_the_rendered_prompt(tokenizer: Tokenizer) -> None:
