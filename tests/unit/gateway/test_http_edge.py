@@ -35,6 +35,10 @@ async def _body_size(request):
     return PlainTextResponse(str(len(await request.body())))
 
 
+async def _early(request):
+    return PlainTextResponse("early")  # answers before reading the body (as a 401 or a 413 does)
+
+
 STREAM_CLOSED = asyncio.Event()
 
 
@@ -50,7 +54,7 @@ async def _endless(request):
 
 
 APP = Starlette(routes=[Route("/", _ok), Route("/boom", _boom), Route("/endless", _endless),
-                        Route("/size", _body_size, methods=["POST"])],
+                        Route("/size", _body_size, methods=["POST"]), Route("/early", _early, methods=["POST"])],
                 middleware=[Middleware(CatchAll)])
 
 
@@ -179,6 +183,39 @@ async def test_a_request_head_over_the_bound_is_a_json_400():
             response = await client.get(f"http://127.0.0.1:{port}/", headers={"X-Filler": "a" * 700})
             assert response.text == "ok"
     assert limits.closes["malformed"] == 1
+
+
+async def test_a_header_line_that_never_ends_is_a_json_400_once_over_the_bound():
+    limits = EdgeLimits(header_timeout_s=5.0, max_connections=0, max_connections_per_client=0, max_header_bytes=1024)
+    async with serving(limits) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Filler: aaaa")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        for _ in range(3):  # no line end: the parser reaches no header callback
+            writer.write(b"a" * 600)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        status, error, _ = _error(await asyncio.wait_for(reader.read(), 5.0))
+        writer.close()
+    assert status == 400 and "over 1024 bytes" in error["message"]
+
+
+async def test_a_body_still_arriving_after_an_early_answer_is_not_timed_as_a_head():
+    async with serving(LIMITS) as port:  # header timeout 0.5 s
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+        first = await asyncio.wait_for(reader.readuntil(b"early"), 5.0)
+        assert first.startswith(b"HTTP/1.1 200")
+        await asyncio.sleep(0.3)
+        writer.write(b"01234")  # more of the body, after its answer
+        await asyncio.sleep(0.8)  # past the header timeout
+        writer.write(b"56789")  # the body is complete
+        await asyncio.sleep(0.8)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # the connection still serves
+        second = await asyncio.wait_for(reader.readuntil(b"ok"), 5.0)
+        writer.close()
+    assert second.startswith(b"HTTP/1.1 200")
 
 
 async def test_a_body_that_arrives_with_its_head_does_not_count_as_head():

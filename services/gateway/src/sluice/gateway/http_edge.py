@@ -82,9 +82,11 @@ def edge_protocol(limits: EdgeLimits) -> type[HttpToolsProtocol]:
     class EdgeProtocol(HttpToolsProtocol):
         _header_timer = None
         _write_timer = None
-        _received_bytes = False  # of the request whose head is awaited
-        _awaiting_head = True  # no request's headers are complete since the last response
-        _head_bytes = 0
+        _received_bytes = False  # since the connection went idle (the next request's head began)
+        _request_open = False  # a request's message began and has not been wholly received
+        _in_head = False  # ... and its headers are not complete
+        _head_bytes = 0  # of the head being received: its complete lines (the parser's callbacks)
+        _head_read_bytes = 0  # ... and the reads after the one it began in
         _head_too_large = False
 
         def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
@@ -96,17 +98,34 @@ def edge_protocol(limits: EdgeLimits) -> type[HttpToolsProtocol]:
                 return
             self._arm_header_timer()
 
+        def _idle(self) -> bool:
+            """No request in progress: the last one was wholly received and
+            answered (the next bytes begin a new head)."""
+            return not self._request_open and (self.cycle is None or self.cycle.response_complete)
+
         def data_received(self, data: bytes) -> None:
-            if data and self._awaiting_head:
+            if data and self._idle():
                 self._received_bytes = True
                 if self._header_timer is None:
                     self._arm_header_timer()  # part of a next request on a kept-alive connection
+            head_before = self._in_head
             super().data_received(data)
+            # A head still incomplete after this read: the reads after the one
+            # it began in count whole (a header line that never ends reaches
+            # no callback, and the parser would buffer it without bound).
+            if self._in_head and not self.transport.is_closing():
+                if head_before:
+                    self._head_read_bytes += len(data)
+                if self._head_read_bytes > limits.max_header_bytes:
+                    self._head_too_large = True
+                    self.send_400_response("request head too large")
 
         # Parser callbacks: the head's size as it is parsed (a head and a
-        # body can arrive in one read, so the read's size says nothing).
+        # body can arrive in one read, so a read's size alone says nothing).
         def on_message_begin(self) -> None:
-            self._head_bytes = 0
+            self._request_open = True
+            self._in_head = True
+            self._head_bytes = self._head_read_bytes = 0
             super().on_message_begin()
 
         def on_url(self, url: bytes) -> None:
@@ -124,15 +143,23 @@ def edge_protocol(limits: EdgeLimits) -> type[HttpToolsProtocol]:
                 raise _HeadTooLarge
 
         def on_headers_complete(self) -> None:
-            self._awaiting_head = False
+            self._in_head = False
             self._disarm_header_timer()  # the headers are in: the app's own timeouts apply
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._request_open = False
+            super().on_message_complete()
+            if self.cycle is not None and self.cycle.response_complete and not self.transport.is_closing():
+                # Answered before its body was all in (a 401, a 413): the
+                # body's reads cancelled the keep-alive timer the answer armed.
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler)
 
         def on_response_complete(self) -> None:
             self._received_bytes = False
             super().on_response_complete()  # arms the keep-alive timeout, or starts a pipelined request
-            # A pipelined request whose headers arrived meanwhile is the cycle now.
-            self._awaiting_head = self.cycle is None or self.cycle.response_complete
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_header_timer()
@@ -200,7 +227,7 @@ def edge_protocol(limits: EdgeLimits) -> type[HttpToolsProtocol]:
 
         def _header_timeout(self) -> None:
             self._header_timer = None
-            if self.transport.is_closing() or not self._awaiting_head:
+            if self.transport.is_closing() or not (self._in_head or self._idle()):
                 return
             limits.closes["header_timeout"] += 1
             if self._received_bytes:
