@@ -180,3 +180,20 @@ def test_a_memory_nothing_was_refused_by_for_a_while_is_forgotten():
     clock, backoff = _expired()
     clock.now_s += MAX_BACKOFF_S
     assert all(backoff.check("acme", "tiny", "interactive") is None for _ in range(5))
+
+
+def test_a_probe_that_never_reached_the_scheduler_lets_the_next_request_probe():
+    _, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None  # the probe: then its bucket refuses it
+    assert backoff.check("acme", "tiny", "interactive") is not None
+    backoff.abandoned("acme", "tiny", "interactive")
+    assert backoff.check("acme", "tiny", "interactive") is None  # the next probe, not a 5 s wait
+    assert backoff.check("acme", "tiny", "interactive") is not None
+
+
+def test_a_probe_refused_for_itself_lets_the_next_request_probe():
+    _, backoff = _expired()
+    assert backoff.check("acme", "tiny", "interactive") is None
+    backoff.remember("acme", "tiny", "interactive", refusal(Reason.REQUEST_TOO_LARGE, retry_after_s=None))
+    assert backoff.check("acme", "tiny", "interactive") is None  # the next probe: the cap was not tried
+    assert backoff.check("acme", "tiny", "interactive") is not None  # the rest still wait on it

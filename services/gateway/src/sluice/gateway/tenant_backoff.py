@@ -14,7 +14,9 @@ to hear the same answer.
     ... admitted, no one refused meanwhile         ─▶ forget
     ... admitted, others refused meanwhile         ─▶ the next request is the next probe: one
                                                       trip to the scheduler at a time
-    ... refused for another reason                 ─▶ forget: the cap is not what binds
+    ... refused with a wait for another reason     ─▶ forget: the cap is not what binds
+    ... refused for itself (400, 413), or never
+        asked (bucket, replay, caller left)        ─▶ the next request probes
     nothing refused for MAX_BACKOFF_S past the wait ─▶ forget
 
 A flood far over its caps then costs a dictionary lookup per request, not a
@@ -91,9 +93,13 @@ class TenantBackoff:
         key = (tenant, model, tier)
         if info.reason not in TENANT_CAP_REASONS or not info.retry_after_s:
             entry = self._entries.get(key)
-            if entry is not None and entry.probe_until_s is not None:
-                del self._entries[key]  # the probe met another limit: the cap is not what binds
-            elif entry is not None:
+            if entry is None:
+                return
+            if entry.probe_until_s is not None and info.retry_after_s:
+                del self._entries[key]  # another limit with a wait (the pool's) binds, not the cap
+            elif entry.probe_until_s is not None:
+                entry.probe_until_s = None  # a refusal of this request alone (400, 413): the next one probes
+            else:
                 entry.passes += 1  # at worst one extra trip to the scheduler
             return
         if len(self._entries) >= MAX_ENTRIES:
@@ -137,6 +143,16 @@ class TenantBackoff:
             return
         entry.probe_until_s = None
         entry.until_s = self._clock()  # still past: the next request probes; staleness counts from here
+
+    def abandoned(self, tenant: str, model: str, tier: str) -> None:
+        """A request let through ended before the scheduler answered it (the
+        bucket refused it, a replay answered it, its caller left): the probe
+        it may have been is released, and the next request probes. (If it
+        was a pass while another request probes, that probe is released
+        too: at worst one more trip to the scheduler.)"""
+        entry = self._entries.get((tenant, model, tier))
+        if entry is not None:
+            entry.probe_until_s = None
 
     def _end_interval_s(self, tenant: str) -> float:
         """The smoothed interval between the tenant's request ends here; 0

@@ -114,6 +114,10 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
     chat = body_model is ChatCompletionRequest
     tenant_name: str | None = None
     span = trace.get_current_span()  # the HTTP server span (OpenTelemetryMiddleware)
+    # Let through the backoff memory, and the scheduler's answer not yet
+    # handed back to it: if the request ends first (the bucket refuses it, a
+    # replay answers it, its caller leaves), the probe it may be is released.
+    awaiting_answer = False
     try:
         with spans.current_span(tracer, "gateway.auth"):
             tenant = authenticate(request, state.authenticator)
@@ -132,6 +136,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         backing_off = state.backoff.check(tenant.name, body.model, tier)
         if backing_off is not None:
             raise backing_off
+        awaiting_answer = True
         key = idempotency_key_from(request.headers.get("idempotency-key"))
         estimate = estimate_tokens(body.prompt_chars(), body.output_limit() or UNBOUNDED_OUTPUT_ESTIMATE_TOKENS)
         with spans.current_span(tracer, "gateway.limits"):
@@ -150,6 +155,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             # A request may queue in the scheduler for a while before its
             # first event: a client that leaves meanwhile must leave the queue.
             opened = await _unless_disconnected(request, state.router.open_stream(routed))
+            awaiting_answer = False
             state.backoff.admitted(tenant.name, body.model, tier)
         except ClientLeft:
             state.background.spawn(state.front_door.finish(ticket, None))
@@ -159,6 +165,7 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
             # Nothing ran on a replica: give back the slot, the key and the estimate.
             state.background.spawn(state.front_door.finish(ticket, None))
             if isinstance(error, ServiceError):
+                awaiting_answer = False
                 state.backoff.remember(tenant.name, body.model, tier, error)
                 raise from_service_error(error) from None
             raise
@@ -167,6 +174,9 @@ async def _generate(request: Request, body_model: type[ChatCompletionRequest] | 
         state.metrics.rejected(error.code, tenant_name)
         span.set_attribute(spans.OUTCOME, error.code or "error")
         return error.response()
+    finally:
+        if awaiting_answer:
+            state.backoff.abandoned(tenant.name, body.model, tier)
 
     admitted_event = opened.first_event.admitted
     state.metrics.models.learn(body.model)  # the router admitted it: a catalog name
