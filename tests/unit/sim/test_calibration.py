@@ -119,3 +119,35 @@ def test_a_small_real_measurement_of_the_tiny_model_gives_a_finite_fit(tiny_mode
     assert all(math.isfinite(v) and v > 0 for v in (fit.flops_per_s, fit.bytes_per_s))
     assert 0 < fit.efficiency.compute <= 1 and 0 < fit.efficiency.bandwidth <= 1
     assert math.isfinite(fit.max_relative_error)
+
+
+def test_a_model_shape_without_a_checkpoint_is_timed_with_random_weights():
+    """What times an 8B model on a GPU with no checkpoint on disk, here on the
+    tiny shape: the spec's config round-trips, the weights are finite, and the
+    steps planned are the grid's."""
+    from sluice.sim.calibrate import _random_llama, hf_config
+    from sluice.sim.model_spec import ModelSpec
+
+    for spec in MODELS.values():
+        assert ModelSpec.from_hf_config(hf_config(spec), spec.name) == spec
+    import torch
+
+    from sluice.model.attention import default_backend
+
+    model = _random_llama(TINY, torch.float32, torch.device("cpu"), default_backend(torch.device("cpu")))
+    weights = [p for p in model.parameters()]
+    assert sum(p.numel() for p in weights) == TINY.num_parameters()
+    assert all(torch.isfinite(p).all() for p in weights)
+    grid = (GridPoint(decodes=4, decode_context_tokens=32), GridPoint(prefill_tokens=32, prefill_depth_tokens=16))
+    timings = measure_step_times(TINY, grid, repetitions=1, passes=1)
+    assert [[n for n, _ in t.shape.chunks] for t in timings] == [[1, 1, 1, 1], [32]]
+    assert all(s > 0 for t in timings for s in t.samples_s)
+
+
+def test_a_gpu_grid_fits_an_8b_model_beside_its_kv_on_one_h200():
+    from sluice.sim.calibrate import blocks_needed, gpu_grid
+
+    eight_b, h200 = MODELS["llama-3-8b"], HARDWARE["h200"]
+    kv_bytes = blocks_needed(gpu_grid(), steps_per_point=4) * 16 * eight_b.kv_bytes_per_token("bf16")
+    assert kv_bytes + eight_b.weight_bytes("bf16") < 0.8 * h200.memory_bytes
+    assert {p.kind for p in gpu_grid(quick=True)} == {"decode", "prefill", "mixed"}

@@ -116,6 +116,22 @@ def default_grid(quick: bool = False) -> tuple[GridPoint, ...]:
     )
 
 
+def gpu_grid(quick: bool = False) -> tuple[GridPoint, ...]:
+    """A grid for a GPU-sized model on one GPU (Llama-3-8B in bf16 on an
+    H200): serving batches and contexts, chunks up to 8K tokens at depths up
+    to 16K. Its largest point, 128 decodes at 4K, holds 64 GiB of 8B KV."""
+    batches = (1, 16, 64) if quick else (1, 8, 32, 64, 128)
+    contexts = (256, 4096) if quick else (256, 1024, 4096)
+    chunks = (256, 2048, 8192) if quick else (128, 512, 2048, 8192)
+    depths = (0, 16384) if quick else (0, 4096, 16384)
+    mixed = ((32, 1024, 512, 0),) if quick else ((32, 1024, 512, 0), (64, 1024, 2048, 4096))
+    return (
+        tuple(GridPoint(decodes=b, decode_context_tokens=c) for b in batches for c in contexts)
+        + tuple(GridPoint(prefill_tokens=n, prefill_depth_tokens=d) for n in chunks for d in depths)
+        + tuple(GridPoint(b, c, n, d) for b, c, n, d in mixed)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StepTiming:
     """One grid point measured: the exact shape the scheduler planned (of
@@ -191,20 +207,68 @@ def tune_process(torch_threads: int | None = None) -> None:
     tune_cpu_allocator()
 
 
-def _build_engine(model_dir: Path, num_blocks: int, block_size_tokens: int, dtype: str) -> _Engine:
+def _build_engine(source: Path | ModelSpec, num_blocks: int, block_size_tokens: int, dtype: str,
+                  device: str = "cpu") -> _Engine:
+    """The replica's engine path on `device`, over the checkpoint in a
+    directory or, for a ModelSpec, random weights of that shape."""
     (torch, default_backend, preferred_kv_layout, allocate_kv_caches, load_llama, ModelRunner, SamplingParams,
      StepExecutor) = _import_engine()
     torch_dtype = getattr(torch, dtype)
-    cpu = torch.device("cpu")
-    # As services/replica __main__.build_engine builds it on CPU.
-    model = load_llama(model_dir, dtype=torch_dtype, device=cpu, attention_backend=default_backend(cpu))
-    caches = allocate_kv_caches(model.config, num_blocks, block_size_tokens, torch_dtype, cpu,
-                                layout=preferred_kv_layout(cpu, torch_dtype))
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device here")
+    # As services/replica __main__.build_engine builds it.
+    if isinstance(source, ModelSpec):
+        model = _random_llama(source, torch_dtype, target, default_backend(target))
+    else:
+        model = load_llama(source, dtype=torch_dtype, device=target, attention_backend=default_backend(target))
+    caches = allocate_kv_caches(model.config, num_blocks, block_size_tokens, torch_dtype, target,
+                                layout=preferred_kv_layout(target, torch_dtype))
     # The caches start as zeros (allocate_kv_caches), so the stale K/V dry
     # steps leave is never uninitialised memory (NaN, denormals).
     executor = StepExecutor(ModelRunner(model, caches))
     return _Engine(executor, SamplingParams(temperature=0.0, ignore_eos=True), num_blocks, block_size_tokens,
                    model.config.max_position_embeddings, model.config.vocab_size)
+
+
+def hf_config(spec: ModelSpec) -> dict[str, Any]:
+    """A Hugging Face Llama `config.json` of `spec`'s shape (the inverse of
+    ModelSpec.from_hf_config, Llama 3's RoPE base)."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers, "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "vocab_size": spec.vocab_size,
+        "max_position_embeddings": spec.max_context_tokens, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+    }
+
+
+def _random_llama(spec: ModelSpec, torch_dtype, device, attention_backend):
+    """A model of `spec`'s shape with random weights, built on `device`
+    directly: a step's time does not depend on the weights' values, and a
+    GPU-sized model (Llama-3-8B's 16 GB) needs no checkpoint on disk. Small
+    normal weights keep activations finite through every layer."""
+    import torch
+    from sluice.model.config import LlamaConfig
+    from sluice.model.cpu_fast_path import apply_cpu_fast_path, choose_linears
+    from sluice.model.llama import LlamaModel
+
+    with torch.device("meta"):
+        model = LlamaModel(LlamaConfig.from_hf_config(hf_config(spec)), attention_backend)
+    model = model.to(dtype=torch_dtype).to_empty(device=device)  # rope buffers rebuilt in _apply
+    model.tie_weights()
+    model.requires_grad_(False)
+    model.eval()
+    generator = torch.Generator(device=device).manual_seed(0)
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            parameter.fill_(1.0)
+        else:
+            parameter.normal_(0.0, 0.02, generator=generator)
+    if device.type == "cpu" and torch_dtype == torch.float32:  # as load_llama finishes a CPU model
+        apply_cpu_fast_path(model, choose_linears(model, "auto"))
+    return model
 
 
 def blocks_needed(grid: Sequence[GridPoint], steps_per_point: int, block_size_tokens: int = 16) -> int:
@@ -301,11 +365,12 @@ def _shape(plan: StepPlan) -> StepShape:
 
 
 def measure_step_times(
-    model_dir: str | os.PathLike[str], grid: Sequence[GridPoint] | None = None, *, repetitions: int = 6,
+    model: str | os.PathLike[str] | ModelSpec, grid: Sequence[GridPoint] | None = None, *, repetitions: int = 6,
     passes: int = 2, warmup_steps: int = 1, dtype: str = "float32", block_size_tokens: int = 16, seed: int = 0,
-    progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu", progress: Callable[[int, int], None] | None = None,
 ) -> list[StepTiming]:
-    """Time every grid point on the model in `model_dir` (CPU), `repetitions`
+    """Time every grid point on `model` (a checkpoint directory, or a
+    ModelSpec for random weights of its shape) on `device`, `repetitions`
     samples each split over `passes` sweeps. Call `tune_process` first, as
     the replica tunes itself at start-up, so the timings are its."""
     grid = tuple(default_grid() if grid is None else grid)
@@ -314,7 +379,8 @@ def measure_step_times(
     passes = min(passes, repetitions)
     per_pass = [repetitions // passes + (i < repetitions % passes) for i in range(passes)]
     steps = max(per_pass) + warmup_steps
-    engine = _build_engine(Path(model_dir), blocks_needed(grid, steps, block_size_tokens), block_size_tokens, dtype)
+    source = model if isinstance(model, ModelSpec) else Path(model)
+    engine = _build_engine(source, blocks_needed(grid, steps, block_size_tokens), block_size_tokens, dtype, device)
     rng = random.Random(f"{seed}:calibrate")
     samples: list[list[tuple[StepShape, float, float]]] = [[] for _ in grid]
     done = 0
@@ -461,28 +527,33 @@ def host_facts() -> dict:
                              cpu_model)
     except OSError:
         pass
-    return {"cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch_version": torch.__version__, "load_average": list(os.getloadavg())}
+    facts = {"cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+             "torch_version": torch.__version__, "load_average": list(os.getloadavg())}
+    if torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name()
+    return facts
 
 
-def calibrate(model_dir: str | os.PathLike[str], model: ModelSpec, *, base: Hardware | str = "cpu",
+def calibrate(model_dir: str | os.PathLike[str] | None, model: ModelSpec, *, base: Hardware | str = "cpu",
               grid: Sequence[GridPoint] | None = None, repetitions: int = 6, passes: int = 2,
-              dtype: str = "float32", seed: int = 0, clock: str = "wall",
+              dtype: str = "float32", seed: int = 0, clock: str = "wall", device: str = "cpu",
               progress: Callable[[int, int], None] | None = None) -> tuple[list[StepTiming], Fit, dict]:
     """Measure, fit, and the calibration document (timings, fit, document).
     `model` is the spec of the checkpoint in `model_dir` (the cost model's
-    view of it); call `tune_process` first. `clock` "cpu" fits the process
-    CPU time instead of the wall time: steady on a machine other work
-    shares, and the same thing when torch runs one thread on an idle core."""
+    view of it), or with no `model_dir` the shape timed with random weights;
+    call `tune_process` first. `clock` "cpu" fits the process CPU time
+    instead of the wall time: steady on a machine other work shares, and the
+    same thing when torch runs one thread on an idle core."""
     before = host_facts()
-    timings = measure_step_times(model_dir, grid, repetitions=repetitions, passes=passes, dtype=dtype, seed=seed,
-                                 progress=progress)
+    timings = measure_step_times(model if model_dir is None else model_dir, grid, repetitions=repetitions,
+                                 passes=passes, dtype=dtype, seed=seed, device=device, progress=progress)
     shares = [t.cpu_share for t in timings if t.cpu_share is not None]
     timings = [timing.on_clock(clock) for timing in timings]
     fit = fit_efficiency(timings, model, base, dtype)
     load_before = before.pop("load_average")
     host = {**before, "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
-            "repetitions": repetitions, "passes": passes, "clock": clock,
+            "repetitions": repetitions, "passes": passes, "clock": clock, "device": device,
+            "weights": "random" if model_dir is None else "checkpoint",
             "median_cpu_share": statistics.median(shares) if shares else None}
     return timings, fit, calibration_document(timings, fit, model=model.name, dtype=dtype, host=host)
 

@@ -3,6 +3,7 @@ machine and fit the CPU cost model to them (sluice.sim.calibrate).
 
     sluice sim calibrate [--model-dir .sluice/models/tiny-llama] [--out .sluice/sim-calibration.json]
                          [--quick] [--repetitions 6] [--passes 2] [--torch-threads N]
+    sluice sim calibrate --device cuda --random-weights llama-3-8b --preset h200 --dtype bfloat16
 
 Prints every shape's measured and fitted step time, the fitted rates and
 the Hardware + Efficiency written to `--out`; `sluice sim --gpu cpu
@@ -11,6 +12,11 @@ machine. Needs torch (the dev venv); the rest of the simulator does not.
 Takes ~1-2 minutes (`--quick`: ~20 s); other work on the machine meanwhile
 slows the steps it lands on, so run it on a quiet machine, and match
 `--torch-threads` to the replica's SLUICE_TORCH_THREADS.
+
+On a GPU (`--device cuda`) the replica's CUDA path is timed (Triton
+attention, block-major KV) over a grid of GPU-sized batches and chunks.
+`--random-weights MODEL` times a model of that shape (a preset or a
+config.json) with random weights, so an 8B model needs no checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sluice.sim.calibrate import DEFAULT_OUT, calibrate, default_grid, tune_process, write_calibration
+from sluice.sim.calibrate import DEFAULT_OUT, calibrate, default_grid, gpu_grid, tune_process, write_calibration
 from sluice.sim.model_spec import model_by_name_or_path
 
 DEFAULT_MODEL_DIR = Path(".sluice") / "models" / "tiny-llama"
@@ -30,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice sim calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
                         help="the checkpoint to time (make model builds the tiny one)")
+    parser.add_argument("--random-weights", metavar="MODEL", default=None,
+                        help="time a model of this shape (preset or config.json) with random weights, "
+                             "instead of the checkpoint in --model-dir")
+    parser.add_argument("--device", default="cpu", help="torch device to time on: cpu or cuda[:N]")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the calibration JSON")
     parser.add_argument("--preset", default="cpu", help="hardware preset whose peaks the fit is relative to")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
@@ -49,15 +59,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     repetitions = args.repetitions or (3 if args.quick else 6)
     try:
-        if not (args.model_dir / "config.json").is_file():
+        if args.random_weights:
+            model_dir, model = None, model_by_name_or_path(args.random_weights)
+        elif not (args.model_dir / "config.json").is_file():
             raise ValueError(f"{args.model_dir} holds no config.json (make model builds the tiny model)")
-        model = model_by_name_or_path(str(args.model_dir))
+        else:
+            model_dir, model = args.model_dir, model_by_name_or_path(str(args.model_dir))
         tune_process(args.torch_threads or None)
-        grid = default_grid(args.quick)
+        grid = gpu_grid(args.quick) if args.device.startswith("cuda") else default_grid(args.quick)
         print(f"timing {len(grid)} step shapes x {repetitions} samples of {model.name} ...", file=sys.stderr)
         timings, fit, document = calibrate(
-            args.model_dir, model, base=args.preset, grid=grid, repetitions=repetitions, passes=args.passes,
-            dtype=args.dtype, seed=args.seed, clock=args.clock, progress=_progress)
+            model_dir, model, base=args.preset, grid=grid, repetitions=repetitions, passes=args.passes,
+            dtype=args.dtype, seed=args.seed, clock=args.clock, device=args.device, progress=_progress)
     except (RuntimeError, ValueError) as error:
         print(f"sluice sim calibrate: {error}", file=sys.stderr)
         return 2
@@ -86,6 +99,8 @@ def describe_shape(chunks: Sequence[Sequence[int]]) -> str:
 
 def print_calibration(document: dict) -> None:
     host, fit = document["host"], document["fit"]
+    if host.get("gpu"):
+        print(f"gpu: {host['gpu']}; timed on {host.get('device', 'cpu')}, {host.get('weights', 'checkpoint')} weights")
     print(f"host: {host.get('cpu_model')} ({host.get('cpu_count')} CPUs, {host.get('torch_threads')} torch threads); "
           f"load average before {_loads(host.get('load_average_before'))}, after "
           f"{_loads(host.get('load_average_after'))}")
