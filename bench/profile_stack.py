@@ -17,7 +17,15 @@ ignore_eos, 128 requests) from this process, and prints per process:
   it has work is short of CPU, which CPU seconds alone do not show;
 - the engine's mean step time and tokens per step in the stack (the
   replica's sluice_engine_step_duration_seconds) beside the same requests
-  run through the same engine core with no services around it.
+  run through the same engine core with no services around it;
+- a ceiling: the model's linear layers alone (each timed on one thread at
+  this load's batch, 64 rows for decode and 512 for prefill, the faster of
+  torch's F.linear and oneDNN's packed weight, as the replica chooses) give
+  the least CPU the replica can spend per 1,000 output tokens while its
+  arithmetic stays float32 (the logits must match transformers'). With
+  the other processes' measured CPU beside it, the cores can serve at most
+  cores / (that + theirs) output tokens per second, however cheap attention,
+  sampling, scheduling and Python became.
 
     .venv/bin/python bench/profile_stack.py [--rounds 2] [--py-spy] [--json PATH]
 
@@ -51,6 +59,7 @@ from cluster_stats import CoreWaits, metric_value, parse_metrics, process_cpu_s 
 from sluice.devstack.stack import LocalStack, StackPorts  # noqa: E402
 
 CONCURRENCY, REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128, 128, 128
+PREFILL_ROWS = 512  # a prefill step's tokens under the replica's default budget
 PY_SPY_RATE_HZ = 100
 
 
@@ -213,6 +222,48 @@ def engine_alone(model_dir: Path, prompts: list[list[int]]) -> dict:
             "tokens_per_step": tokens / steps}
 
 
+def linear_floor(model_dir: Path) -> dict:
+    """CPU seconds per 1,000 output tokens of this load that the model's
+    linear layers alone cost, on one thread (see the module docstring)."""
+    import torch
+
+    from sluice.model.cpu_fast_path import LinearShape, model_linears, probe_linears
+    from sluice.model.llama import LlamaModel
+    from sluice.model.loader import load_config
+
+    with torch.device("meta"):
+        linears = model_linears(LlamaModel(load_config(model_dir)))
+    shapes = {name: LinearShape(m.in_features, m.out_features, m.bias is not None) for name, m in linears.items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        decode = probe_linears(shapes.values(), rows=CONCURRENCY)
+        prefill = probe_linears(shapes.values(), rows=PREFILL_ROWS)
+    finally:
+        torch.set_num_threads(threads)
+
+    def fastest(timings: dict, name: str) -> float:
+        return min(timings[shapes[name].key].values())
+
+    head = "lm_head"
+    decode_s = sum(fastest(decode, name) for name in shapes) / CONCURRENCY  # one decode token, every linear
+    head_s = fastest(decode, head) / CONCURRENCY
+    prefill_s = sum(fastest(prefill, name) for name in shapes if name != head) / PREFILL_ROWS
+    # A request: its prompt through the layers, the head once for its first
+    # token, then a decode step for each later token.
+    per_request_s = PROMPT_TOKENS * prefill_s + head_s + (OUTPUT_TOKENS - 1) * decode_s
+    flops_per_request = 2 * sum(
+        (PROMPT_TOKENS if name != head else 1) * m.in_features * m.out_features
+        + (OUTPUT_TOKENS - 1) * m.in_features * m.out_features for name, m in linears.items())
+    return {"cpu_s_per_1k_output_tokens": 1000 * per_request_s / OUTPUT_TOKENS,
+            "lm_head_share": (OUTPUT_TOKENS * head_s) / per_request_s,
+            "gflop_per_s": flops_per_request / per_request_s / 1e9}
+
+
+def ceiling(floor: dict, others_s_per_1k: float, cores: int) -> float:
+    return cores * 1000 / (floor["cpu_s_per_1k_output_tokens"] + others_s_per_1k)
+
+
 # ------------------------------------------------------------------ one round
 
 
@@ -306,8 +357,19 @@ def main() -> int:
     medians = {name: statistics.median(r["cpu_s_per_1k_output_tokens"][name] for r in rounds)
                for name in rounds[0]["cpu_s_per_1k_output_tokens"]}
     print("median CPU s per 1,000 output tokens: " + ", ".join(f"{n} {v:.2f}" for n, v in medians.items()))
+    floor = linear_floor(model_dir)
+    others = sum(v for n, v in medians.items() if n != "replica")
+    cores = os.cpu_count() or 1
+    top = ceiling(floor, others, cores)
+    served = statistics.median(r["output_tokens_per_s"] for r in rounds)
+    print(f"floor: the model's linears alone, one thread, {floor['gflop_per_s']:.0f} GFLOP/s: "
+          f"{floor['cpu_s_per_1k_output_tokens']:.2f} CPU s per 1,000 output tokens (LM head "
+          f"{floor['lm_head_share']:.0%}), against the replica's {medians['replica']:.2f}")
+    print(f"ceiling on {cores} cores with the others' {others:.2f}: {top:,.0f} output tok/s; the stack served "
+          f"{served:,.0f} ({served / top:.0%} of it)")
     document = {"bench": "stack_profile", "cpu": cpu_model(), "rounds": rounds, "engine_alone": alone,
-                "cpu_s_per_1k_output_tokens_median": medians, "py_spy": profiles}
+                "cpu_s_per_1k_output_tokens_median": medians, "linear_floor": floor,
+                "ceiling_output_tokens_per_s": top, "py_spy": profiles}
     if args.json:
         args.json.write_text(json.dumps(document, indent=2))
     print(json.dumps({k: v for k, v in document.items() if k != "py_spy"}))
