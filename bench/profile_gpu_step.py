@@ -31,7 +31,7 @@ except ImportError:  # not pip-installed here (the GPU machine): use the checkou
 
 import torch  # noqa: E402
 
-from sluice.sim.calibrate import GridPoint, _build_engine, _PointRun, blocks_needed  # noqa: E402
+from sluice.sim.calibrate import GridPoint, build_timing_engine, PointRun, blocks_needed  # noqa: E402
 from sluice.sim.model_spec import model_by_name_or_path  # noqa: E402
 
 
@@ -50,14 +50,14 @@ def main() -> int:
     spec = model_by_name_or_path(args.model)
     point = GridPoint(decodes=args.decodes, decode_context_tokens=args.context)
     steps = 3 + 2 * args.steps
-    engine = _build_engine(spec, blocks_needed([point], steps + 4), 16, "bfloat16" if on_cuda else "float32",
+    engine = build_timing_engine(spec, blocks_needed([point], steps + 4), 16, "bfloat16" if on_cuda else "float32",
                            args.device)
 
     def sync() -> None:
         if on_cuda:
             torch.cuda.synchronize()
 
-    run = _PointRun(engine, point, steps + 4, random.Random(0))
+    run = PointRun(engine, point, steps + 4, random.Random(0))
     for _ in range(3):
         run.timed_step()
     sync()

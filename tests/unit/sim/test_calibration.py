@@ -125,7 +125,7 @@ def test_a_model_shape_without_a_checkpoint_is_timed_with_random_weights():
     """What times an 8B model on a GPU with no checkpoint on disk, here on the
     tiny shape: the spec's config round-trips, the weights are finite, and the
     steps planned are the grid's."""
-    from sluice.sim.calibrate import _random_llama, hf_config
+    from sluice.sim.calibrate import random_llama, hf_config
     from sluice.sim.model_spec import ModelSpec
 
     for spec in MODELS.values():
@@ -134,7 +134,7 @@ def test_a_model_shape_without_a_checkpoint_is_timed_with_random_weights():
 
     from sluice.model.attention import default_backend
 
-    model = _random_llama(TINY, torch.float32, torch.device("cpu"), default_backend(torch.device("cpu")))
+    model = random_llama(TINY, torch.float32, torch.device("cpu"), default_backend(torch.device("cpu")))
     weights = [p for p in model.parameters()]
     assert sum(p.numel() for p in weights) == TINY.num_parameters()
     assert all(torch.isfinite(p).all() for p in weights)

@@ -167,7 +167,9 @@ class StepTiming:
 # --- measuring --------------------------------------------------------------
 
 
-class _Engine(NamedTuple):
+class TimingEngine(NamedTuple):
+    """The replica's model path, built once and shared by every grid point."""
+
     executor: Any  # sluice.replica.executor.StepExecutor
     sampling: Any  # sluice.model.sampler.SamplingParams, greedy as the benches send
     num_blocks: int
@@ -207,8 +209,8 @@ def tune_process(torch_threads: int | None = None) -> None:
     tune_cpu_allocator()
 
 
-def _build_engine(source: Path | ModelSpec, num_blocks: int, block_size_tokens: int, dtype: str,
-                  device: str = "cpu") -> _Engine:
+def build_timing_engine(source: Path | ModelSpec, num_blocks: int, block_size_tokens: int, dtype: str,
+                  device: str = "cpu") -> TimingEngine:
     """The replica's engine path on `device`, over the checkpoint in a
     directory or, for a ModelSpec, random weights of that shape."""
     (torch, default_backend, preferred_kv_layout, allocate_kv_caches, load_llama, ModelRunner, SamplingParams,
@@ -219,7 +221,7 @@ def _build_engine(source: Path | ModelSpec, num_blocks: int, block_size_tokens: 
         raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device here")
     # As services/replica __main__.build_engine builds it.
     if isinstance(source, ModelSpec):
-        model = _random_llama(source, torch_dtype, target, default_backend(target))
+        model = random_llama(source, torch_dtype, target, default_backend(target))
     else:
         model = load_llama(source, dtype=torch_dtype, device=target, attention_backend=default_backend(target))
     caches = allocate_kv_caches(model.config, num_blocks, block_size_tokens, torch_dtype, target,
@@ -227,7 +229,7 @@ def _build_engine(source: Path | ModelSpec, num_blocks: int, block_size_tokens: 
     # The caches start as zeros (allocate_kv_caches), so the stale K/V dry
     # steps leave is never uninitialised memory (NaN, denormals).
     executor = StepExecutor(ModelRunner(model, caches))
-    return _Engine(executor, SamplingParams(temperature=0.0, ignore_eos=True), num_blocks, block_size_tokens,
+    return TimingEngine(executor, SamplingParams(temperature=0.0, ignore_eos=True), num_blocks, block_size_tokens,
                    model.config.max_position_embeddings, model.config.vocab_size)
 
 
@@ -244,7 +246,7 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def _random_llama(spec: ModelSpec, torch_dtype, device, attention_backend):
+def random_llama(spec: ModelSpec, torch_dtype, device, attention_backend):
     """A model of `spec`'s shape with random weights, built on `device`
     directly: a step's time does not depend on the weights' values, and a
     GPU-sized model (Llama-3-8B's 16 GB) needs no checkpoint on disk. Small
@@ -283,10 +285,10 @@ def blocks_needed(grid: Sequence[GridPoint], steps_per_point: int, block_size_to
     )
 
 
-class _PointRun:
+class PointRun:
     """One grid point on a fresh scheduler over the shared KV tensors."""
 
-    def __init__(self, engine: _Engine, point: GridPoint, steps: int, rng: random.Random) -> None:
+    def __init__(self, engine: TimingEngine, point: GridPoint, steps: int, rng: random.Random) -> None:
         self.engine, self.point, self.rng = engine, point, rng
         # A budget that takes every prompt of the point in one dry step, so
         # no decode runs ahead of the others; a timed step plans only what
@@ -380,13 +382,13 @@ def measure_step_times(
     per_pass = [repetitions // passes + (i < repetitions % passes) for i in range(passes)]
     steps = max(per_pass) + warmup_steps
     source = model if isinstance(model, ModelSpec) else Path(model)
-    engine = _build_engine(source, blocks_needed(grid, steps, block_size_tokens), block_size_tokens, dtype, device)
+    engine = build_timing_engine(source, blocks_needed(grid, steps, block_size_tokens), block_size_tokens, dtype, device)
     rng = random.Random(f"{seed}:calibrate")
     samples: list[list[tuple[StepShape, float, float]]] = [[] for _ in grid]
     done = 0
     for count in per_pass:
         for index, point in enumerate(grid):
-            run = _PointRun(engine, point, steps, rng)
+            run = PointRun(engine, point, steps, rng)
             for _ in range(warmup_steps):
                 run.timed_step()  # first calls of a shape (oneDNN primitives, buffer growth) are not its cost
             samples[index].extend(run.timed_step() for _ in range(count))
