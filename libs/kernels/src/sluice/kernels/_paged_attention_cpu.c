@@ -60,10 +60,18 @@
  * exp the kernel's largest cost. Range reduction x = n ln2 + r with ln2 split
  * in two (Cody-Waite), a degree-6 polynomial for e^r on |r| <= ln2/2
  * (Cephes' coefficients), and 2^n built in the exponent bits. Relative
- * error ~2 ulp; inputs below -87 (e^-87 ~ 1.6e-38) give 0. */
+ * error ~1e-7; x below -88 (e^-88 ~ 6e-39), -inf included, gives 0.
+ *
+ * Every step is branch-free arithmetic, or GCC leaves the loop scalar: a
+ * float select (x < -88 ? -88 : x) kept the AVX2 clone scalar, a third of
+ * a decode step's attention. So the clamp is an unsigned min on the bits
+ * (for x <= 0, a larger magnitude is a larger bit pattern; -inf's too), and
+ * the exponent's floor an integer max. */
 static inline float exp_nonpositive(float x) {
-    const int underflow = x < -87.0f;
-    x = underflow ? -87.0f : x;
+    uint32_t x_bits;
+    memcpy(&x_bits, &x, sizeof x_bits);
+    x_bits = x_bits < 0xC2B00000u ? x_bits : 0xC2B00000u; /* -88.0f */
+    memcpy(&x, &x_bits, sizeof x);
     /* n = round(x / ln2) by the 1.5 * 2^23 trick: floorf would keep GCC from vectorising. */
     const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693359375f;
@@ -75,8 +83,13 @@ static inline float exp_nonpositive(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
-    return underflow ? 0.0f : p * two_n.f;
+    /* 2^n; n <= -127 (x < ~-87.7) gives exponent bits 0, so 2^n = 0. */
+    int32_t biased = (int32_t)n + 127;
+    biased = biased > 0 ? biased : 0;
+    const int32_t two_n_bits = biased << 23;
+    float two_n;
+    memcpy(&two_n, &two_n_bits, sizeof two_n);
+    return p * two_n;
 }
 
 typedef struct {
