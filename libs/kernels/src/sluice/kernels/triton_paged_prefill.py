@@ -143,6 +143,8 @@ def paged_prefill_attention(
     *,
     block_m: int = 64,
     block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Causal attention of a ragged (chunked-prefill / mixed) batch over a paged cache.
 
@@ -157,6 +159,7 @@ def paged_prefill_attention(
         zero when ``out`` is allocated here, untouched otherwise.
     block_m: rows (query tokens x heads of a KV group) per program
     block_n: context tokens per KV tile
+    num_warps, num_stages: the launch's (bench_prefill_kernel_gpu.py sweeps them)
     returns out
     """
     check_query(query)
@@ -217,7 +220,7 @@ def paged_prefill_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         DOT_F32=use_fp32_dot(query.dtype, device),
-        num_warps=4,
-        num_stages=2,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
