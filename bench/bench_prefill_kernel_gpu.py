@@ -1,7 +1,7 @@
 """Achieved TFLOP/s of the Triton paged prefill kernel on long chunks, and its launch configs.
 
 CUDA only: on a machine without a GPU it prints why and exits 0 (so
-``make bench`` stays green on CPU boxes). ``--device cpu`` with
+``make bench`` stays green on CPU boxes). ``--device cpu --tiny`` with
 TRITON_INTERPRET=1 runs the same code on a tiny shape, to try the script.
 
 bench_sim_gpu_fidelity.py found an 8,192-token chunk after 16K cached tokens

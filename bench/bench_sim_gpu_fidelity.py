@@ -68,7 +68,7 @@ def main() -> int:
     preset = CostModel(hardware, model, tp=1, dtype="bf16", efficiency=Efficiency())
     floor = CostModel(hardware, model, tp=1, dtype="bf16", efficiency=PEAK)
     grid = gpu_grid(args.quick)
-    facts = host_facts()
+    facts = host_facts("cuda")
     print(f"{facts.get('gpu')}, torch {facts['torch_version']}; {model.name} bf16, random weights, tp 1; "
           f"{len(grid)} step shapes x {args.repetitions} samples; preset {hardware.name}", flush=True)
 

@@ -49,7 +49,7 @@ def main() -> int:
         return 0
     spec = model_by_name_or_path(args.model)
     point = GridPoint(decodes=args.decodes, decode_context_tokens=args.context)
-    steps = 3 + 2 * args.steps
+    steps = 3 + 3 * args.steps  # warm-up, then three runs of args.steps: timed, in parts, profiled
     engine = build_timing_engine(spec, blocks_needed([point], steps + 4), 16, "bfloat16" if on_cuda else "float32",
                            args.device)
 

@@ -97,6 +97,23 @@ def test_far_apart_scores_underflow_to_zero_weight():
     torch.testing.assert_close(call(b, "transposed_keys"), reference(b), atol=1e-4, rtol=0)
 
 
+def test_a_nan_key_makes_its_sequences_output_nan_and_leaves_the_others_alone():
+    # A corrupt key must show in its sequence's output, not be weighted 0
+    # (the exponential's clamp lets NaNs of either sign through), and must
+    # not reach another sequence's rows.
+    b = paged_batch([(40, 1), (33, 1)], 16, 4, 2, 32, seed=7)
+    for sign in (1.0, -1.0):
+        corrupt = dict(b)
+        key_cache = b["key_cache"].clone()
+        slot = int(b["block_tables"][0, 1])  # a block of the first sequence only
+        key_cache[slot, 3] = sign * float("nan")
+        corrupt["key_cache"] = key_cache
+        for layout in ("block_major", "transposed_keys"):
+            out = call(corrupt, layout)
+            assert bool(out[0].isnan().all()), (sign, layout)
+            torch.testing.assert_close(out[1], reference(b)[1], atol=ATOL, rtol=0)
+
+
 def test_out_of_range_inputs_are_refused_before_the_kernel_runs():
     b = paged_batch([(20, 1), (5, 1)], 16, 4, 2, 32)
     bad_table = b["block_tables"].clone()

@@ -295,7 +295,7 @@ from sluice.kernels.triton_paged_decode import _paged_decode_kernel
 from sluice.kernels.triton_paged_prefill import _paged_prefill_kernel
 
 
-def compile_sm90(fn, pointers, constexprs):
+def compile_sm90(fn, pointers, constexprs, num_stages=2):
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -306,7 +306,7 @@ def compile_sm90(fn, pointers, constexprs):
             signature[name] = "fp32" if name == "scale_log2" else "i32"
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=4, num_stages=2))
+                            options=dict(num_warps=4, num_stages=num_stages))
     assert kernel.asm["cubin"], fn.__name__
 
 
@@ -314,9 +314,10 @@ ints = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr
 compile_sm90(_paged_decode_kernel, ints, dict(
     GROUP=8, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, USE_SPLITS=False,
     DOT_F32=False))
+# The wrapper's default launch: 128 rows (16 tokens x a group of 8), 3 stages.
 compile_sm90(_paged_prefill_kernel, ints, dict(
-    GROUP=8, GROUP_PAD=8, BLOCK_Q=8, BLOCK_M=64, HEAD_DIM=128, BLOCK_SIZE=32, BLOCK_N=64,
-    DOT_F32=False))
+    GROUP=8, GROUP_PAD=8, BLOCK_Q=16, BLOCK_M=128, HEAD_DIM=128, BLOCK_SIZE=32, BLOCK_N=64,
+    DOT_F32=False), num_stages=3)
 print("compiled")
 """
 

@@ -151,3 +151,19 @@ def test_a_gpu_grid_fits_an_8b_model_beside_its_kv_on_one_h200():
     kv_bytes = blocks_needed(gpu_grid(), steps_per_point=4) * 16 * eight_b.kv_bytes_per_token("bf16")
     assert kv_bytes + eight_b.weight_bytes("bf16") < 0.8 * h200.memory_bytes
     assert {p.kind for p in gpu_grid(quick=True)} == {"decode", "prefill", "mixed"}
+
+
+def test_calibrating_random_weights_records_them_and_a_gpu_run_needs_its_preset(capsys):
+    from sluice.sim.calibrate_cli import main
+
+    grid = (GridPoint(decodes=2, decode_context_tokens=16), GridPoint(prefill_tokens=16, prefill_depth_tokens=0),
+            GridPoint(decodes=4, decode_context_tokens=32))
+    from sluice.sim.calibrate import calibrate
+
+    _, _, document = calibrate(None, TINY, grid=grid, repetitions=1, passes=1)
+    assert document["host"]["weights"] == "random" and document["host"]["device"] == "cpu"
+    assert document["model"] == TINY.name and len(document["shapes"]) == 3
+    # On a GPU the CPU preset's peaks would make the fit meaningless (and the
+    # file would be taken for this machine's CPU calibration): refused at once.
+    assert main(["--device", "cuda", "--random-weights", "llama-3-8b"]) == 2
+    assert "--preset h100 or h200" in capsys.readouterr().err

@@ -60,17 +60,20 @@
  * exp the kernel's largest cost. Range reduction x = n ln2 + r with ln2 split
  * in two (Cody-Waite), a degree-6 polynomial for e^r on |r| <= ln2/2
  * (Cephes' coefficients), and 2^n built in the exponent bits. Relative
- * error ~1e-7; x below -88 (e^-88 ~ 6e-39), -inf included, gives 0.
+ * error ~1e-7; x below ~-87.7 (-inf included) gives 0, x between -87.7 and
+ * -87.3 a subnormal; a NaN stays NaN (a corrupt score shows in the output).
  *
- * Every step is branch-free arithmetic, or GCC leaves the loop scalar: a
- * float select (x < -88 ? -88 : x) kept the AVX2 clone scalar, a third of
- * a decode step's attention. So the clamp is an unsigned min on the bits
- * (for x <= 0, a larger magnitude is a larger bit pattern; -inf's too), and
- * the exponent's floor an integer max. */
+ * Every step is branch-free arithmetic or an integer select, or GCC leaves
+ * the loop scalar: a float select (x < -88 ? -88 : x) kept the AVX2 clone
+ * scalar, a third of a decode step's attention. So the clamp at -88 is an
+ * unsigned min on the bits (for x <= 0, a larger magnitude is a larger bit
+ * pattern, -inf's too; NaNs, above -inf's, pass), and the exponent's floor
+ * an integer max. */
 static inline float exp_nonpositive(float x) {
     uint32_t x_bits;
     memcpy(&x_bits, &x, sizeof x_bits);
-    x_bits = x_bits < 0xC2B00000u ? x_bits : 0xC2B00000u; /* -88.0f */
+    const uint32_t clamped = x_bits < 0xC2B00000u ? x_bits : 0xC2B00000u; /* -88.0f */
+    x_bits = x_bits > 0xFF800000u ? x_bits : clamped;                       /* a NaN passes */
     memcpy(&x, &x_bits, sizeof x);
     /* n = round(x / ln2) by the 1.5 * 2^23 trick: floorf would keep GCC from vectorising. */
     const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;

@@ -141,10 +141,10 @@ def paged_prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,
     *,
-    block_m: int = 128,
+    block_m: int | None = None,
     block_n: int = 64,
     num_warps: int = 4,
-    num_stages: int = 3,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a ragged (chunked-prefill / mixed) batch over a paged cache.
 
@@ -159,10 +159,13 @@ def paged_prefill_attention(
         zero when ``out`` is allocated here, untouched otherwise.
     block_m: rows (query tokens x heads of a KV group) per program
     block_n: context tokens per KV tile
-    num_warps, num_stages: the launch's. The defaults won the sweep of
-        bench_prefill_kernel_gpu.py on an H200 (Llama-3-8B heads, bf16):
-        1.20x the earlier 64/64/4 warps/2 stages on an 8K chunk after 8K
-        cached (334 against 278 TFLOP/s), 1.16x on four 2K prompts
+    num_warps, num_stages: the launch's
+    block_m and num_stages default to 128 and 3, the winner of
+    bench_prefill_kernel_gpu.py's sweep on an H200 (Llama-3-8B heads, bf16:
+    1.20x the earlier 64 rows and 2 stages on an 8K chunk after 8K cached,
+    334 against 278 TFLOP/s; 1.16x on four 2K prompts); before Ampere (a
+    T4's 64 KiB of shared memory holds 64 rows and 2 stages, not 96 KiB) to
+    64 and 2.
     returns out
     """
     check_query(query)
@@ -179,6 +182,10 @@ def paged_prefill_attention(
     check_int_vector(query_start_loc, num_seqs + 1, "query_start_loc", device)
     check_block_tables(block_tables, num_seqs, device)
     assert isinstance(max_query_len, int) and max_query_len >= 0, max_query_len
+    if block_m is None or num_stages is None:
+        small = device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0)
+        block_m = block_m or (64 if small else 128)
+        num_stages = num_stages or (2 if small else 3)
     assert block_m >= 16 and block_m & (block_m - 1) == 0, block_m
     assert block_n >= 16 and block_n & (block_n - 1) == 0, block_n
     if out is None:

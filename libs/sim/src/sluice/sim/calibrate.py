@@ -256,6 +256,7 @@ def random_llama(spec: ModelSpec, torch_dtype, device, attention_backend):
     from sluice.model.cpu_fast_path import apply_cpu_fast_path, choose_linears
     from sluice.model.llama import LlamaModel
 
+    device = torch.device(device)
     with torch.device("meta"):
         model = LlamaModel(LlamaConfig.from_hf_config(hf_config(spec)), attention_backend)
     model = model.to(dtype=torch_dtype).to_empty(device=device)  # rope buffers rebuilt in _apply
@@ -518,9 +519,10 @@ def _nelder_mead(f: Callable[[Sequence[float]], float], start: Sequence[float], 
 # --- the whole calibration -------------------------------------------------
 
 
-def host_facts() -> dict:
+def host_facts(device: str = "cpu") -> dict:
     """What the timings depend on besides the code: printed beside them and
-    kept in the file, so a stale or foreign calibration can be told apart."""
+    kept in the file, so a stale or foreign calibration can be told apart.
+    On a CUDA `device`, its GPU's name too."""
     torch = _import_engine()[0]
     cpu_model = "unknown"
     try:
@@ -531,8 +533,8 @@ def host_facts() -> dict:
         pass
     facts = {"cpu_model": cpu_model, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
              "torch_version": torch.__version__, "load_average": list(os.getloadavg())}
-    if torch.cuda.is_available():
-        facts["gpu"] = torch.cuda.get_device_name()
+    if torch.device(device).type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return facts
 
 
@@ -546,7 +548,7 @@ def calibrate(model_dir: str | os.PathLike[str] | None, model: ModelSpec, *, bas
     call `tune_process` first. `clock` "cpu" fits the process CPU time
     instead of the wall time: steady on a machine other work shares, and the
     same thing when torch runs one thread on an idle core."""
-    before = host_facts()
+    before = host_facts(device)
     timings = measure_step_times(model if model_dir is None else model_dir, grid, repetitions=repetitions,
                                  passes=passes, dtype=dtype, seed=seed, device=device, progress=progress)
     shares = [t.cpu_share for t in timings if t.cpu_share is not None]

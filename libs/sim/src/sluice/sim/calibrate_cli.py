@@ -3,7 +3,7 @@ machine and fit the CPU cost model to them (sluice.sim.calibrate).
 
     sluice sim calibrate [--model-dir .sluice/models/tiny-llama] [--out .sluice/sim-calibration.json]
                          [--quick] [--repetitions 6] [--passes 2] [--torch-threads N]
-    sluice sim calibrate --device cuda --random-weights llama-3-8b --preset h200 --dtype bfloat16
+    sluice sim calibrate --device cuda --random-weights llama-3-8b --preset h200
 
 Prints every shape's measured and fitted step time, the fitted rates and
 the Hardware + Efficiency written to `--out`; `sluice sim --gpu cpu
@@ -30,6 +30,8 @@ from sluice.sim.calibrate import DEFAULT_OUT, calibrate, default_grid, gpu_grid,
 from sluice.sim.model_spec import model_by_name_or_path
 
 DEFAULT_MODEL_DIR = Path(".sluice") / "models" / "tiny-llama"
+# A GPU calibration never lands where the CPU one lives (bench_sim_fidelity reads that one).
+GPU_OUT = Path(".sluice") / "sim-calibration-gpu.json"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,10 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time a model of this shape (preset or config.json) with random weights, "
                              "instead of the checkpoint in --model-dir")
     parser.add_argument("--device", default="cpu", help="torch device to time on: cpu or cuda[:N]")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the calibration JSON")
-    parser.add_argument("--preset", default="cpu", help="hardware preset whose peaks the fit is relative to")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="weights and KV dtype, as the replica's SLUICE_DTYPE")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where to write the calibration JSON (default {DEFAULT_OUT} on cpu, "
+                             f"{GPU_OUT} on a GPU)")
+    parser.add_argument("--preset", default=None,
+                        help="hardware preset whose peaks the fit is relative to (default cpu; on a GPU, required: "
+                             "h100 or h200)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="weights and KV dtype, as the replica's SLUICE_DTYPE (default float32 on cpu, "
+                             "bfloat16 on a GPU)")
     parser.add_argument("--quick", action="store_true", help="a coarser grid, 3 samples per shape")
     parser.add_argument("--repetitions", type=int, default=None, help="samples per shape (default 6; quick 3)")
     parser.add_argument("--passes", type=int, default=2, help="sweeps over the grid the samples are split into")
@@ -58,7 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     repetitions = args.repetitions or (3 if args.quick else 6)
+    on_gpu = args.device != "cpu"
+    dtype = args.dtype or ("bfloat16" if on_gpu else "float32")
+    out = args.out or (GPU_OUT if on_gpu else DEFAULT_OUT)
     try:
+        if on_gpu and args.preset in (None, "cpu"):
+            raise ValueError(f"--device {args.device}: name the GPU's preset (--preset h100 or h200); the fit's "
+                             "efficiencies are relative to its peaks")
+        preset = args.preset or "cpu"
         if args.random_weights:
             model_dir, model = None, model_by_name_or_path(args.random_weights)
         elif not (args.model_dir / "config.json").is_file():
@@ -66,16 +80,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             model_dir, model = args.model_dir, model_by_name_or_path(str(args.model_dir))
         tune_process(args.torch_threads or None)
-        grid = gpu_grid(args.quick) if args.device.startswith("cuda") else default_grid(args.quick)
+        grid = gpu_grid(args.quick) if on_gpu else default_grid(args.quick)
         print(f"timing {len(grid)} step shapes x {repetitions} samples of {model.name} ...", file=sys.stderr)
         timings, fit, document = calibrate(
-            model_dir, model, base=args.preset, grid=grid, repetitions=repetitions, passes=args.passes,
-            dtype=args.dtype, seed=args.seed, clock=args.clock, device=args.device, progress=_progress)
+            model_dir, model, base=preset, grid=grid, repetitions=repetitions, passes=args.passes,
+            dtype=dtype, seed=args.seed, clock=args.clock, device=args.device, progress=_progress)
     except (RuntimeError, ValueError) as error:
         print(f"sluice sim calibrate: {error}", file=sys.stderr)
         return 2
     print_calibration(document)
-    path = write_calibration(args.out, document)
+    path = write_calibration(out, document)
     print(f"wrote {path}")
     return 0
 
