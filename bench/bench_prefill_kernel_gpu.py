@@ -29,13 +29,13 @@ import argparse
 import itertools
 import json
 import math
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
+from bench_decode_kernel_gpu import time_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
@@ -59,22 +59,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def time_ms(fn, iters: int, device: torch.device) -> float:
+    """Median milliseconds of ``fn()``: CUDA events on a GPU, the wall clock elsewhere."""
+    if device.type == "cuda":
+        return time_cuda(fn, iters, warmup=1)
     fn()
-    if device.type != "cuda":
-        started = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - started) / iters * 1e3
-    torch.cuda.synchronize()
-    times = []
+    started = time.perf_counter()
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return (time.perf_counter() - started) / iters * 1e3
 
 
 def build(chunks, heads, kv_heads, head_dim, block_size, dtype, device, seed=0):
