@@ -161,7 +161,8 @@ def load_or_calibrate(path: Path, max_age_h: float, quick: bool, force: bool) ->
         try:
             found = calibration.read_calibration(path)
             fresh = (found.model == TINY_LLAMA.name and found.dtype == "float32" and found.age_s < max_age_h * 3600
-                     and found.host.get("device", "cpu") == "cpu" and found.host.get("weights", "checkpoint") == "checkpoint"
+                     and found.host.get("device", "cpu") == "cpu"
+                     and found.host.get("weights", "checkpoint") == "checkpoint"
                      and found.host.get("cpu_model") == cpu_model()
                      and found.host.get("torch_threads") == TORCH_THREADS)
             if fresh:

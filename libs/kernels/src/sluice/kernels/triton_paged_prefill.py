@@ -184,8 +184,8 @@ def paged_prefill_attention(
     assert isinstance(max_query_len, int) and max_query_len >= 0, max_query_len
     if block_m is None or num_stages is None:
         small = device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0)
-        block_m = block_m or (64 if small else 128)
-        num_stages = num_stages or (2 if small else 3)
+        block_m = (64 if small else 128) if block_m is None else block_m
+        num_stages = (2 if small else 3) if num_stages is None else num_stages
     assert block_m >= 16 and block_m & (block_m - 1) == 0, block_m
     assert block_n >= 16 and block_n & (block_n - 1) == 0, block_n
     if out is None:

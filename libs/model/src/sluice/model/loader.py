@@ -65,12 +65,7 @@ def load_llama(
     """
     model_dir = Path(model_dir)
     config = load_config(model_dir)
-    with torch.device("meta"):
-        model = LlamaModel(config, attention_backend)
-    model = model.to(dtype=dtype).to_empty(device=device)  # rope buffers rebuilt in _apply
-    model.tie_weights()
-    model.requires_grad_(False)
-    model.eval()
+    model = empty_llama(config, dtype=dtype, device=device, attention_backend=attention_backend)
 
     params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
     slots = _checkpoint_slots(model, params)
@@ -100,6 +95,40 @@ def load_llama(
     problems += _describe("misshaped", misshaped)
     if problems:
         raise CheckpointError(f"checkpoint {model_dir} does not fit the config: " + "; ".join(problems))
+    return finish_for_device(model, dtype=dtype, device=device, cpu_linears=cpu_linears,
+                             probe_cache_dir=probe_cache_dir)
+
+
+def empty_llama(
+    config: LlamaConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    attention_backend: AttentionBackend | None = None,
+) -> LlamaModel:
+    """The model of ``config`` materialised empty on ``device`` in ``dtype``,
+    its weights tied, frozen and in eval mode: built on the meta device, so
+    billions of weights are never randomly initialised only to be
+    overwritten. Every parameter is left for the caller to fill."""
+    with torch.device("meta"):
+        model = LlamaModel(config, attention_backend)
+    model = model.to(dtype=dtype).to_empty(device=device)  # rope buffers rebuilt in _apply
+    model.tie_weights()
+    model.requires_grad_(False)
+    model.eval()
+    return model
+
+
+def finish_for_device(
+    model: LlamaModel,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    cpu_linears: str = "auto",
+    probe_cache_dir: Path | None = None,
+) -> LlamaModel:
+    """A filled model's fast path for its device: on CPU in float32, the
+    machine's linear implementation per shape (cpu_fast_path)."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         apply_cpu_fast_path(model, choose_linears(model, cpu_linears, cache_dir=probe_cache_dir))
     return model

@@ -210,7 +210,7 @@ def tune_process(torch_threads: int | None = None) -> None:
 
 
 def build_timing_engine(source: Path | ModelSpec, num_blocks: int, block_size_tokens: int, dtype: str,
-                  device: str = "cpu") -> TimingEngine:
+                        device: str = "cpu") -> TimingEngine:
     """The replica's engine path on `device`, over the checkpoint in a
     directory or, for a ModelSpec, random weights of that shape."""
     (torch, default_backend, preferred_kv_layout, allocate_kv_caches, load_llama, ModelRunner, SamplingParams,
@@ -230,7 +230,7 @@ def build_timing_engine(source: Path | ModelSpec, num_blocks: int, block_size_to
     # steps leave is never uninitialised memory (NaN, denormals).
     executor = StepExecutor(ModelRunner(model, caches))
     return TimingEngine(executor, SamplingParams(temperature=0.0, ignore_eos=True), num_blocks, block_size_tokens,
-                   model.config.max_position_embeddings, model.config.vocab_size)
+                        model.config.max_position_embeddings, model.config.vocab_size)
 
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
@@ -253,25 +253,18 @@ def random_llama(spec: ModelSpec, torch_dtype, device, attention_backend):
     normal weights keep activations finite through every layer."""
     import torch
     from sluice.model.config import LlamaConfig
-    from sluice.model.cpu_fast_path import apply_cpu_fast_path, choose_linears
-    from sluice.model.llama import LlamaModel
+    from sluice.model.loader import empty_llama, finish_for_device
 
     device = torch.device(device)
-    with torch.device("meta"):
-        model = LlamaModel(LlamaConfig.from_hf_config(hf_config(spec)), attention_backend)
-    model = model.to(dtype=torch_dtype).to_empty(device=device)  # rope buffers rebuilt in _apply
-    model.tie_weights()
-    model.requires_grad_(False)
-    model.eval()
+    model = empty_llama(LlamaConfig.from_hf_config(hf_config(spec)), dtype=torch_dtype, device=device,
+                        attention_backend=attention_backend)
     generator = torch.Generator(device=device).manual_seed(0)
     for name, parameter in model.named_parameters():
         if name.endswith("norm.weight"):
             parameter.fill_(1.0)
         else:
             parameter.normal_(0.0, 0.02, generator=generator)
-    if device.type == "cpu" and torch_dtype == torch.float32:  # as load_llama finishes a CPU model
-        apply_cpu_fast_path(model, choose_linears(model, "auto"))
-    return model
+    return finish_for_device(model, dtype=torch_dtype, device=device)  # as load_llama finishes one
 
 
 def blocks_needed(grid: Sequence[GridPoint], steps_per_point: int, block_size_tokens: int = 16) -> int:
