@@ -25,6 +25,10 @@ class StepPlan:
     chunks: tuple[ScheduledChunk, ...]
     preempted_ids: tuple[str, ...] = ()
     now_s: float = 0.0
+    # The runner may give this step up part-way for a chat that arrives
+    # meanwhile (SchedulerConfig.yield_to_chats); given up, it is never
+    # passed to `update`, and the next `schedule` plans its work again.
+    yields_to_chats: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -71,6 +71,8 @@ class IterationScheduler:
         self.num_preemptions_total = 0
         # The previous step held long chunks and batch back for first tokens.
         self._held_for_first_tokens_last_step = False
+        # The previous plan was given up part-way (`abandon`): this one runs.
+        self._abandoned_last_step = False
         self._last_interactive_arrival_s = -math.inf  # on the clock `add` is given
         # Tenant -> its latest short interactive arrival (a chat), on the same
         # clock; and the tenants with one within interactive_recent_s, as of
@@ -100,8 +102,7 @@ class IterationScheduler:
             self._last_interactive_arrival_s = max(self._last_interactive_arrival_s, sequence.arrival_s)
             # A chat: a prompt that would not be long. Recorded only where the
             # cap beside chats is on: only then does a step forget old ones.
-            if (self.config.long_prefill_chunk_tokens_beside_chats
-                    and not self.config.is_long_prefill(len(request.prompt_token_ids))):
+            if self.config.long_prefill_chunk_tokens_beside_chats and self.config.is_chat(request):
                 key = request.fairness_key
                 self._chat_arrivals[key] = max(self._chat_arrivals.get(key, -math.inf), sequence.arrival_s)
 
@@ -127,6 +128,10 @@ class IterationScheduler:
     # -- one step ------------------------------------------------------------
 
     def schedule(self, now_s: float) -> StepPlan:
+        # Batch and long prompts' turn: the step after one that held them
+        # back, or after one given up, runs to its end.
+        their_turn = self._held_for_first_tokens_last_step or self._abandoned_last_step
+        self._abandoned_last_step = False
         step = StepBuilder(self.config.max_num_batched_tokens)
         if self._probes:
             self._admit_probes(step)
@@ -142,7 +147,8 @@ class IterationScheduler:
             # prefill and admission passes below would add nothing (the
             # common step of a steady decode; the simulator runs millions).
             self._held_for_first_tokens_last_step = False
-            return StepPlan(tuple(step.chunks.values()), (), now_s)
+            chunks = tuple(step.chunks.values())
+            return StepPlan(chunks, (), now_s, self._yields(chunks, their_turn))
 
         step.chunk_cap_tokens = self.config.long_prefill_chunk_tokens
         step.depth_scale_tokens = self.config.prefill_depth_scale_tokens
@@ -187,7 +193,18 @@ class IterationScheduler:
                 admitting = self._admit(service_class, step, now_s)
 
         self._held_for_first_tokens_last_step = held
-        return StepPlan(tuple(step.chunks.values()), tuple(step.preempted_ids), now_s)
+        chunks = tuple(step.chunks.values())
+        yields = not step.batch_held and self._yields(chunks, their_turn)
+        return StepPlan(chunks, tuple(step.preempted_ids), now_s, yields)
+
+    def abandon(self, plan: StepPlan) -> None:
+        """The runner gave `plan` up part-way (it yields to chats): nothing
+        of it counts, and the next `schedule` plans its work again (blocks
+        it allocated stay with their sequences). That next step runs to its
+        end, so work given up again and again still runs every other step."""
+        if not plan.yields_to_chats:
+            raise ValueError("only a plan that yields to chats may be abandoned")
+        self._abandoned_last_step = True
 
     def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> list[RequestOutput]:
         outputs: list[RequestOutput] = []
@@ -233,6 +250,19 @@ class IterationScheduler:
             self._running.append(sequence)
             step.admitted_ids.add(sequence.request_id)
             step.add(self._chunk(sequence, sequence.num_tokens, kv))
+
+    def _yields(self, chunks: tuple[ScheduledChunk, ...], their_turn: bool) -> bool:
+        """Whether a step of `chunks` may give way to an arriving chat: it
+        carries batch work or a long prefill chunk, and it is not their turn
+        (see `schedule`)."""
+        if not self.config.yield_to_chats or their_turn:
+            return False
+        for chunk in chunks:
+            sequence = self._sequences[chunk.request_id]
+            if sequence.request.service_class is ServiceClass.BATCH or (
+                    sequence.long_prefill and len(chunk.token_ids) > 1):
+                return True
+        return False
 
     def _interactive_live(self, now_s: float) -> bool:
         """Interactive work is resident or waiting, or arrived within

@@ -25,7 +25,9 @@ from torch import nn
 from sluice.model.attention import AttentionBackend, AttentionMetadata, reference_attention
 from sluice.model.config import LlamaConfig
 from sluice.model.kv_cache import KVCache
+from sluice.model import yielding
 from sluice.model.rope import RotaryEmbedding, rotate
+from sluice.model.yielding import YieldCheck
 
 __all__ = ["AttentionMetadata", "LlamaModel", "RMSNorm", "STACKED_SHARDS"]
 
@@ -171,13 +173,16 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,  # [T] int64
         attn: AttentionMetadata,
         kv_caches: list[KVCache],
+        should_yield: YieldCheck | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden]; writes this step's K/V."""
+        """Final-normed hidden states [T, hidden]; writes this step's K/V.
+        `should_yield` is asked before each layer (sluice.model.yielding)."""
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"need {len(self.layers)} KV caches, got {len(kv_caches)}")
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary_emb(positions, h.dtype)  # each [T, head_dim]
         for layer, kv_cache in zip(self.layers, kv_caches):
+            yielding.check(should_yield)
             h = layer(h, cos, sin, attn, kv_cache)
         return self.norm(h)
 

@@ -31,7 +31,9 @@ from sluice.model.attention import AttentionBackend, AttentionMetadata
 from sluice.model.kv_cache import KVCache, allocate_kv_caches
 from sluice.model.llama import LlamaModel
 from sluice.model.loader import load_llama
+from sluice.model import yielding
 from sluice.model.sampler import SampleRequest, Sampler
+from sluice.model.yielding import YieldCheck
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,16 +112,19 @@ class ModelRunner:
         caches = allocate_kv_caches(model.config, num_blocks, block_size, dtype, device)
         return cls(model, caches)
 
-    def execute(self, batch: ModelInput) -> ModelOutput:
+    def execute(self, batch: ModelInput, should_yield: YieldCheck | None = None) -> ModelOutput:
+        """Run one step. With `should_yield`, raises StepYielded if it says
+        yes before a layer or the LM head (sluice.model.yielding)."""
         if not batch.sequences:
             return ModelOutput(sampled_token_ids=(), logits=None)
         step = self.prepare(batch)
         with torch.inference_mode():
-            hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_caches)
+            hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_caches, should_yield)
             # hidden: [T, hidden_size]
             sampled: list[int | None] = [None] * len(batch.sequences)
             if not step.sample_seq_indices:
                 return ModelOutput(tuple(sampled), None)
+            yielding.check(should_yield)  # the last one: sampling moves generator state
             logits = self.model.compute_logits(hidden[step.logits_indices])
             # logits: [num_sampled, vocab]
             requests = [batch.sequences[i].sample for i in step.sample_seq_indices]

@@ -64,6 +64,7 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
             ),
             batch_prefill_tokens_beside_interactive=settings.for_device("batch_prefill_tokens_beside_interactive"),
             interactive_recent_s=settings.interactive_recent_s,
+            yield_to_chats=bool(settings.for_device("yield_to_chats")),
         ),
         BlockManager(num_blocks, settings.block_size_tokens),
     )

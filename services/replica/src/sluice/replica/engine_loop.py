@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sluice.engine.plan import RequestOutput
 from sluice.engine.request import EngineRequest
 from sluice.engine.scheduler import IterationScheduler
+from sluice.model.yielding import StepYielded
 from sluice.replica.cache_events import CacheEventLog
 from sluice.replica.engine_metrics import EngineMetrics
 from sluice.replica.executor import StepExecutor
@@ -69,6 +70,11 @@ class EngineLoop:
         self._wake = threading.Condition()
         self._sinks: dict[str, Sink] = {}
         self._stopping = False
+        # A chat was submitted since the loop last took its commands: a step
+        # whose plan yields to chats gives way (SchedulerConfig.yield_to_chats).
+        # Set with the command and cleared as the commands are taken, both
+        # under the lock; read between layers without it.
+        self._chat_submitted = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._step_time_s = 0.0
         self._steps_total = 0
@@ -90,14 +96,15 @@ class EngineLoop:
         self._thread.join(timeout_s)
 
     def submit(self, request: EngineRequest, sink: Sink) -> None:
-        self._command(lambda: self._add(request, sink))
+        self._command(lambda: self._add(request, sink), chat=self._core.config.is_chat(request))
 
     def cancel(self, request_id: str) -> None:
         self._command(lambda: self._cancel(request_id))
 
-    def _command(self, command: Callable[[], None]) -> None:
+    def _command(self, command: Callable[[], None], chat: bool = False) -> None:
         with self._wake:
             self._commands.append(command)
+            self._chat_submitted = self._chat_submitted or chat
             self._wake.notify()
 
     # -- the model thread ----------------------------------------------------
@@ -111,6 +118,7 @@ class EngineLoop:
                     return
                 commands = list(self._commands)
                 self._commands.clear()
+                self._chat_submitted = False  # those chats are added before the next plan
             try:
                 for command in commands:
                     command()
@@ -155,7 +163,12 @@ class EngineLoop:
                 self._wake.wait(0.01)
             return
         try:
-            sampled = self._executor.execute(plan)
+            sampled = self._executor.execute(plan, self._chat_waits if plan.yields_to_chats else None)
+        except StepYielded:
+            # Its work is planned again once the chat's first-token step has run.
+            self._core.abandon(plan)
+            self.metrics.yielded(started_s, self._clock())
+            return
         except Exception as error:  # a failed step fails its requests, not the replica
             log.exception("engine step failed; failing %d requests", len(plan.chunks))
             for chunk in plan.chunks:
@@ -180,6 +193,9 @@ class EngineLoop:
                 self._executor.forget(output.request_id)
             if sink is not None:
                 sink(output)
+
+    def _chat_waits(self) -> bool:
+        return self._chat_submitted
 
     def _take_snapshot(self, now_s: float) -> EngineSnapshot:
         blocks = self._core.blocks

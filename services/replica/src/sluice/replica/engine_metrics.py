@@ -63,6 +63,12 @@ class EngineMetrics(Collector):
                                     ["model", "replica", "kind"], registry=None)
         self._step_duration = Histogram("sluice_engine_step_duration_seconds", "Wall time of one engine step",
                                         ["model", "replica"], buckets=STEP_BUCKETS_S, registry=None)
+        self._yielded = Counter("sluice_engine_steps_yielded", "Steps given up part-way for an arriving chat "
+                                "(their work is planned again; SLUICE_YIELD_TO_CHATS)", ["model", "replica"],
+                                registry=None)
+        self._yielded_duration = Counter("sluice_engine_yielded_step_seconds", "Wall time spent in steps "
+                                         "given up part-way (computed again later)", ["model", "replica"],
+                                         registry=None)
         # Children bound once: the loop does no label lookup.
         self._queue_by_class = {c: self._queue.labels(model, replica, n) for c, n in CLASS_NAMES.items()}
         self._prefill_by_class = {c: self._prefill.labels(model, replica, n) for c, n in CLASS_NAMES.items()}
@@ -70,6 +76,8 @@ class EngineMetrics(Collector):
         self._decode_tokens = self._step_tokens.labels(model, replica, "decode")
         self._prefill_tokens = self._step_tokens.labels(model, replica, "prefill")
         self._step_seconds = self._step_duration.labels(model, replica)
+        self._yielded_steps = self._yielded.labels(model, replica)
+        self._yielded_seconds = self._yielded_duration.labels(model, replica)
         self._requests: dict[str, _RequestTimes] = {}
 
     # -- the model thread ----------------------------------------------------
@@ -103,6 +111,11 @@ class EngineMetrics(Collector):
             if output.finished:
                 self.ended(output.request_id, ended_s)
 
+    def yielded(self, started_s: float, ended_s: float) -> None:
+        """A step begun at `started_s` was given up at `ended_s` for a chat."""
+        self._yielded_steps.inc()
+        self._yielded_seconds.inc(ended_s - started_s)
+
     def ended(self, request_id: str, now_s: float) -> None:
         """Finished or cancelled: observes the decode phase if it began."""
         times = self._requests.pop(request_id, None)
@@ -116,5 +129,6 @@ class EngineMetrics(Collector):
     # -- the scrape thread ---------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
-        for metric in (self._queue, self._prefill, self._decode, self._step_tokens, self._step_duration):
+        for metric in (self._queue, self._prefill, self._decode, self._step_tokens, self._step_duration,
+                       self._yielded, self._yielded_duration):
             yield from metric.collect()

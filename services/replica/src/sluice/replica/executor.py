@@ -12,6 +12,7 @@ import torch
 from sluice.engine.plan import StepPlan
 from sluice.model.runner import ModelInput, ModelRunner, SequenceInput
 from sluice.model.sampler import SampleRequest, SamplingParams
+from sluice.model.yielding import YieldCheck
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +28,11 @@ class StepExecutor:
         self.runner = runner
         self._generators: dict[str, torch.Generator | None] = {}
 
-    def execute(self, plan: StepPlan) -> Mapping[str, int]:
-        return self.run(plan).sampled
+    def execute(self, plan: StepPlan, should_yield: YieldCheck | None = None) -> Mapping[str, int]:
+        """The sampled tokens; StepYielded if `should_yield` gave the step up."""
+        return self.run(plan, should_yield=should_yield).sampled
 
-    def run(self, plan: StepPlan, *, return_logits: bool = False) -> StepResult:
+    def run(self, plan: StepPlan, *, return_logits: bool = False, should_yield: YieldCheck | None = None) -> StepResult:
         sequences = []
         for chunk in plan.chunks:
             sample = None
@@ -40,7 +42,7 @@ class StepExecutor:
                     self._generators[chunk.request_id] = params.make_generator(self.runner.device)
                 sample = SampleRequest(params, chunk.num_output_tokens, self._generators[chunk.request_id])
             sequences.append(SequenceInput(chunk.token_ids, chunk.start_position, chunk.block_table, sample))
-        output = self.runner.execute(ModelInput(tuple(sequences), return_logits=return_logits))
+        output = self.runner.execute(ModelInput(tuple(sequences), return_logits=return_logits), should_yield)
         sampled = {
             chunk.request_id: token
             for chunk, token in zip(plan.chunks, output.sampled_token_ids)

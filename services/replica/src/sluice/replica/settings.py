@@ -38,6 +38,10 @@ DEVICE_DEFAULTS = {
     # 8 x H200, simulated: chats' p99 TTFT 1.9 s, 0.12 s at 2,048). On CPU
     # a 512-token prefill is already a long step.
     "long_prefill_threshold_tokens": DeviceDefault(cpu=512, cuda=2048),
+    # 1 = on (see SchedulerConfig.yield_to_chats). On a GPU the host queues
+    # a step's layers ahead of the device, so a check between them cuts
+    # little and wastes what was queued; CPU steps run as they are issued.
+    "yield_to_chats": DeviceDefault(cpu=1, cuda=0),
 }
 
 
@@ -93,6 +97,10 @@ class ReplicaSettings(SluiceSettings):
     interactive_recent_s: float = Field(
         1.0, ge=0, description="interactive work stays live this long after an arrival (batch steps kept short)"
     )
+    yield_to_chats: bool | None = Field(
+        None, description="a step carrying batch work or a long prompt's chunk is given up part-way for a chat "
+        "arriving meanwhile; none = by device (DEVICE_DEFAULTS)"
+    )
     state_interval_s: float = Field(0.25, gt=0, description="how often WatchState reports")
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
@@ -115,7 +123,8 @@ class ReplicaSettings(SluiceSettings):
                                          description="sys.setswitchinterval for the replica process")
 
     def for_device(self, name: str) -> int:
-        """A knob of DEVICE_DEFAULTS: its set value, else this device's default."""
+        """A knob of DEVICE_DEFAULTS: its set value, else this device's default
+        (a flag's as 0 or 1)."""
         value = getattr(self, name)
         if value is not None:
             return value
