@@ -250,6 +250,7 @@ def engine_config() -> SchedulerConfig:
                                     is None else settings.prefill_depth_scale_tokens),
         batch_prefill_tokens_beside_interactive=settings.for_device("batch_prefill_tokens_beside_interactive"),
         interactive_recent_s=settings.interactive_recent_s,
+        yield_to_chats=bool(settings.for_device("yield_to_chats")),
     )
 
 
@@ -301,7 +302,7 @@ class Simulator:
             1, int(ENV["SLUICE_KV_CACHE_BLOCKS"]), policy,
             model_version=TINY_LLAMA.name, block_size_tokens=replica.block_size_tokens,
             max_context_tokens=TINY_LLAMA.max_context_tokens, state_interval_s=replica.state_interval_s,
-            schedule_interval_s=scheduler.schedule_interval_s)
+            schedule_interval_s=scheduler.schedule_interval_s, step_segments=TINY_LLAMA.num_layers + 1)
 
     def emit(self, requests: list[SimRequest], step_s: float = 0.0) -> Emitted:
         """The engine side, `step_s` added to each step. The way in is a

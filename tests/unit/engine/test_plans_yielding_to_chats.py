@@ -29,6 +29,7 @@ def run(scheduler: IterationScheduler, plan) -> None:
 def test_a_batch_step_yields_and_a_first_token_step_does_not(make_request):
     scheduler = make()
     scheduler.add(make_request("job", prompt=own(1000, 100), max_output=8, service_class=ServiceClass.BATCH), 0.0)
+    scheduler.add(make_request("job2", prompt=own(2000, 4), max_output=8, service_class=ServiceClass.BATCH), 0.0)
     plan = scheduler.schedule(0.0)
     assert plan.yields_to_chats
     run(scheduler, plan)
@@ -42,6 +43,29 @@ def test_a_batch_step_yields_and_a_first_token_step_does_not(make_request):
     assert not batch_turn.yields_to_chats  # batch's turn after a first-token step runs to its end
     run(scheduler, batch_turn)
     assert scheduler.schedule(3.0).yields_to_chats
+
+
+def test_a_step_mostly_of_chats_does_not_yield_for_one_long_chunk(make_request):
+    """Three chats decoding beside one long prompt's chunk: giving the step
+    up would cost the three the part done, for one chunk's worth."""
+    scheduler = make(chunk_cap=16, long_over=16)
+    for i in range(3):
+        scheduler.add(make_request(f"chat{i}", prompt=own(1000 * (i + 1), 8), max_output=20), 0.0)
+    run(scheduler, scheduler.schedule(0.0))
+    scheduler.add(make_request("doc", prompt=own(9000, 100), max_output=2), 1.0)
+    plan = scheduler.schedule(1.0)
+    assert sorted(len(c.token_ids) for c in plan.chunks) == [1, 1, 1, 16]
+    assert not plan.yields_to_chats
+    run(scheduler, plan)
+    scheduler.cancel("chat0"), scheduler.cancel("chat1")
+    plan = scheduler.schedule(2.0)
+    assert sorted(len(c.token_ids) for c in plan.chunks) == [1, 16]
+    assert not plan.yields_to_chats  # one each: not mostly work that can wait
+    run(scheduler, plan)
+    scheduler.add(make_request("job", prompt=own(5000, 8), max_output=4, service_class=ServiceClass.BATCH), 3.0)
+    plan = scheduler.schedule(3.0)
+    assert {c.request_id for c in plan.chunks} == {"chat2", "doc", "job"}
+    assert plan.yields_to_chats
 
 
 def test_chats_alone_never_yield(make_request):

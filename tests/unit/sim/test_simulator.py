@@ -4,6 +4,7 @@ and the policy modules unaware of it."""
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,7 @@ from sluice.placement.config import PlacementConfig
 from sluice.sim.cost_model import CostModel
 from sluice.sim.hardware import HARDWARE
 from sluice.sim.model_spec import MODELS
-from sluice.sim.policies import POLICIES, build_policy, gpu_engine_config, prefill_depth_scale_tokens
+from sluice.sim.policies import POLICIES, build_policy, cpu_engine_config, gpu_engine_config, prefill_depth_scale_tokens
 from sluice.sim.results import Slo, summarize
 from sluice.sim.simulator import FleetSpec, Simulation
 from sluice.sim.workload import SimRequest, seed_mix
@@ -122,3 +123,32 @@ def test_the_policy_modules_import_nothing_from_the_simulator():
         "assert not [m for m in sys.modules if m.startswith('sluice.sim')], sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_cpu_engines_yield_to_chats_is_simulated():
+    """The CPU engine config gives a batch step up for an arriving chat (at
+    the next check between layers): chats start sooner beside a batch flood,
+    every request still finishes in full, and the run is deterministic."""
+    tiny = MODELS["tiny-llama"]
+    cost = CostModel(HARDWARE["cpu"], tiny, tp=1, dtype="fp32")
+    requests = [SimRequest(f"b{i:03d}", 0.01 * i, "bulk", "batch", 1500, 64) for i in range(16)]
+    requests += [SimRequest(f"c{i:03d}", 0.5 + 0.25 * i + 0.003 * (i % 7), "chat", "interactive", 32, 8)
+                 for i in range(24)]
+
+    def run(yield_to_chats: bool):
+        engine = replace(cpu_engine_config(tiny), yield_to_chats=yield_to_chats)
+        fleet = FleetSpec(1, 4096, build_policy("sluice", engine, PlacementConfig()),
+                          max_context_tokens=tiny.max_context_tokens, step_segments=tiny.num_layers + 1)
+        simulation = Simulation(fleet, cost.step_time_s, sorted(requests, key=lambda r: r.arrival_s))
+        return simulation.run(), simulation.replicas[0]
+
+    (yielding, replica), (waiting, other) = run(True), run(False)
+    assert replica.yielded_steps > 0 and other.yielded_steps == 0
+    for results in (yielding, waiting):
+        assert all(r.outcome == "finished" and r.tokens == r.output_tokens for r in results.records)
+    chat_ttft = {name: sorted(r.ttft_s for r in results.records if r.service_class == "interactive")
+                 for name, results in (("yielding", yielding), ("waiting", waiting))}
+    assert chat_ttft["yielding"][12] < chat_ttft["waiting"][12]  # the median chat
+    again, _ = run(True)
+    assert [(r.request_id, r.first_token_s, r.finished_s) for r in again.records] == \
+        [(r.request_id, r.first_token_s, r.finished_s) for r in yielding.records]

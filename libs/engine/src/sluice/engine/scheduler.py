@@ -32,7 +32,11 @@ within `interactive_recent_s`), a long prompt's chunk is at most
 is what it waits out before its own. A step that admits a
 short interactive prompt carries no long chunk and no batch work at all,
 decodes included (never two steps running): its first token waits for the
-interactive decodes, not for another tenant's prompt or for batch.
+interactive decodes, not for another tenant's prompt or for batch. With
+`yield_to_chats`, a plan that carries batch work or a long chunk says so
+(`StepPlan.yields_to_chats`): the runner may give it up part-way for a chat
+that arrives meanwhile, and `abandon(plan)` then leaves it unapplied; the
+step after a held or abandoned one never yields.
 
 `schedule(now_s)` returns a frozen `StepPlan`; `update(plan, sampled)`
 applies the runner's sampled tokens, registers newly computed full blocks in
@@ -252,17 +256,23 @@ class IterationScheduler:
             step.add(self._chunk(sequence, sequence.num_tokens, kv))
 
     def _yields(self, chunks: tuple[ScheduledChunk, ...], their_turn: bool) -> bool:
-        """Whether a step of `chunks` may give way to an arriving chat: it
-        carries batch work or a long prefill chunk, and it is not their turn
-        (see `schedule`)."""
+        """Whether a step of `chunks` may give way to an arriving chat: it is
+        mostly work that can wait (more batch sequences and long prompts'
+        chunks than other interactive sequences), and it is not their turn
+        (see `schedule`). The interactive sequences in a step given up get
+        their token from the chat's first-token step, which holds the
+        waiting work back: sooner where that work was most of the step, later
+        by the part given up where it was not (many chats decoding beside one
+        long chunk)."""
         if not self.config.yield_to_chats or their_turn:
             return False
+        can_wait = 0
         for chunk in chunks:
             sequence = self._sequences[chunk.request_id]
             if sequence.request.service_class is ServiceClass.BATCH or (
                     sequence.long_prefill and len(chunk.token_ids) > 1):
-                return True
-        return False
+                can_wait += 1
+        return can_wait > len(chunks) - can_wait
 
     def _interactive_live(self, now_s: float) -> bool:
         """Interactive work is resident or waiting, or arrived within

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in names:
         policy = build_policy(name, engine, placement)
         fleet = FleetSpec(args.replicas, kv_blocks, policy, model_version=model.name, block_size_tokens=block_size,
-                          max_context_tokens=model.max_context_tokens)
+                          max_context_tokens=model.max_context_tokens, step_segments=model.num_layers + 1)
         progress = None if args.quiet else _progress(name, len(requests))
         outcome = Simulation(fleet, cost.step_time_s, requests, progress).run()
         results[name] = summarize(outcome, slos, fleet_price)

@@ -69,10 +69,11 @@ def gpu_engine_config(model: ModelSpec, max_num_seqs: int = 256) -> SchedulerCon
 def cpu_engine_config(model: ModelSpec, max_num_seqs: int = 128) -> SchedulerConfig:
     """The replica's settings on CPU (DEVICE_DEFAULTS): prompts over 512
     tokens long, 128-token long-prefill chunks (48 while another tenant's
-    chats are live) and 64 batch prefill tokens beside interactive work."""
+    chats are live), 64 batch prefill tokens beside interactive work, and
+    steps that give way to chats."""
     return replace(
         gpu_engine_config(model, max_num_seqs), long_prefill_chunk_tokens=128, batch_prefill_tokens_beside_interactive=64,
-        long_prefill_threshold_tokens=512, long_prefill_chunk_tokens_beside_chats=48)
+        long_prefill_threshold_tokens=512, long_prefill_chunk_tokens_beside_chats=48, yield_to_chats=True)
 
 
 def slo_placement(ttft_slo_s: float, batch_ttft_slo_s: float) -> PlacementConfig:

@@ -4,15 +4,22 @@ BlockManager, with the cost model's step time in place of a model forward.
     add(request, now)          as the replica's engine loop adds a request
     start_step(now) -> s | None  schedule() one step; its cost-model duration
     finish_step(now) -> outputs  update() with one sampled token per sampling chunk
+    yield_at(now) -> s | None    where the step under way gives way to a chat
+                                 arriving now (SchedulerConfig.yield_to_chats)
+    abandon_step(now)            give it up there
     view(now)                  the ReplicaView its state report would give
 
 The step loop is the replica's (services/replica engine_loop): a step runs
 while there is work, requests added meanwhile join at the next step, and a
 step that plans nothing (waiting work without blocks) is retried a little
-later. Sampled tokens are one fixed id: requests run with `ignore_eos` to
+later. A step whose plan yields to chats is given up at the first check
+after a chat arrives: the replica checks before each layer and before the
+LM head, here `step_segments` equal parts of the step's time (a model's
+layers + 1; 0 = yielding not modelled). Sampled tokens are one fixed id: requests run with `ignore_eos` to
 exactly their output length, as a trace replay does.
 """
 
+import math
 from collections.abc import Callable
 
 from sluice.engine.block_manager import BlockManager
@@ -37,7 +44,7 @@ class SimReplica:
 
     def __init__(
         self, index: int, replica_id: str, model_version: str, num_kv_blocks: int, block_size_tokens: int,
-        engine: SchedulerConfig, step_time_s: Callable[[StepShape], float],
+        engine: SchedulerConfig, step_time_s: Callable[[StepShape], float], step_segments: int = 0,
     ) -> None:
         self.index = index  # in the fleet
         self.replica_id = replica_id
@@ -45,7 +52,12 @@ class SimReplica:
         self.core = IterationScheduler(engine, BlockManager(num_kv_blocks, block_size_tokens))
         self._step_time_s = step_time_s
         self.plan: StepPlan | None = None  # the step under way
+        self.step_started_s = 0.0
         self.busy_until_s: float | None = None
+        self.step_segments = step_segments
+        self.yield_pending = False  # the step under way is to be given up
+        self._step_tokens = (0, 0)  # the step under way's decode and prefill tokens
+        self.yielded_steps = 0
         self.step_time_ewma_s = 0.0
         self.steps_total = 0
         self.decode_tokens_total = 0
@@ -78,15 +90,41 @@ class SimReplica:
         for n, _ in chunks:
             tokens += n
             decode += n == 1
-        self.decode_tokens_total += decode
-        self.prefill_tokens_total += tokens - decode
-        self.steps_total += 1
-        self.busy_s += duration_s
-        self.step_time_ewma_s += STEP_TIME_EWMA_WEIGHT * (duration_s - self.step_time_ewma_s)
+        self._step_tokens = (decode, tokens - decode)
+        self.step_started_s, self.busy_until_s = now_s, now_s + duration_s
         return duration_s
+
+    def yield_at(self, now_s: float) -> float | None:
+        """Where the step under way is given up for a chat added at `now_s`:
+        the next check between layers, or None (its plan does not yield, it
+        is already to be given up, or no check is left before its end)."""
+        plan = self.plan
+        if plan is None or not plan.yields_to_chats or self.yield_pending or self.step_segments < 2:
+            return None
+        segment_s = (self.busy_until_s - self.step_started_s) / self.step_segments
+        # Checks at the start of each segment; the one at the step's start has passed.
+        k = max(1, math.ceil((now_s - self.step_started_s) / segment_s))
+        return self.step_started_s + k * segment_s if k < self.step_segments else None
+
+    def abandon_step(self, now_s: float) -> None:
+        """Give the step under way up at `now_s` (its work is planned again)."""
+        plan, self.plan = self.plan, None
+        self.core.abandon(plan)
+        self.busy_s += now_s - self.step_started_s
+        self.busy_until_s, self.yield_pending = None, False
+        self.yielded_steps += 1
 
     def finish_step(self) -> list[RequestOutput]:
         plan, self.plan = self.plan, None
+        if plan is not None and not plan.is_empty:
+            decode, prefill = self._step_tokens
+            duration_s = self.busy_until_s - self.step_started_s
+            self.decode_tokens_total += decode
+            self.prefill_tokens_total += prefill
+            self.steps_total += 1
+            self.busy_s += duration_s
+            self.step_time_ewma_s += STEP_TIME_EWMA_WEIGHT * (duration_s - self.step_time_ewma_s)
+        self.busy_until_s = None
         if plan is None or plan.is_empty:
             self.core.blocks.drain_cache_events()
             return []

@@ -54,6 +54,10 @@ class FleetSpec:
     # The replicas' WatchState interval and the scheduler's sweep, as deployed.
     state_interval_s: float = 0.25
     schedule_interval_s: float = 0.05
+    # Where in a step the replica checks whether to give it up for a chat
+    # (the engine's yield_to_chats): the model's layers + 1, in equal parts
+    # of the step; 0 = not modelled (the engine config's flag is then moot).
+    step_segments: int = 0
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1 or self.kv_blocks_per_replica < 1:
@@ -72,7 +76,7 @@ class SimPool:
         self.cluster = ClusterScheduler(fleet.policy.placement)
         self.replicas = [
             SimReplica(i, f"{name}-{i}", fleet.model_version, fleet.kv_blocks_per_replica,
-                       fleet.block_size_tokens, fleet.policy.engine, step_time_s)
+                       fleet.block_size_tokens, fleet.policy.engine, step_time_s, fleet.step_segments)
             for i in range(fleet.num_replicas)
         ]
         self.by_id = {replica.replica_id: replica for replica in self.replicas}
@@ -117,7 +121,7 @@ class SimPool:
 
 # Events on the heap are plain tuples (at_s, seq, kind, replica index):
 # compared in C, and seq breaks ties in the order they were pushed.
-STEP_DONE, REPORT, SWEEP = 0, 1, 2
+STEP_DONE, REPORT, SWEEP, YIELD = 0, 1, 2, 3
 
 
 class Simulation:
@@ -137,6 +141,9 @@ class Simulation:
         self._gaps: dict[str, array] = {"interactive": array("d"), "batch": array("d")}
         self._samples: list[ReplicaSample] = []
         self._events: list[tuple[float, int, int, int]] = []
+        # Replica index -> the seq of its step's STEP_DONE: one left on the
+        # heap by a step given up for a chat is stale.
+        self._step_event: dict[int, int] = {}
         self._seq = itertools.count()
         self._in_flight = 0
         self._progress = progress
@@ -168,7 +175,11 @@ class Simulation:
                 heapq.heappop(self._events)
                 now_s, _, kind, index = event
                 if kind == STEP_DONE:
-                    changed = self._step_done(self.replicas[index], now_s)
+                    changed = self._step_event.get(index) == event[1] and self._step_done(self.replicas[index], now_s)
+                elif kind == YIELD:
+                    self.replicas[index].abandon_step(now_s)
+                    self._start_step(self.replicas[index], now_s)
+                    changed = False
                 elif kind == REPORT:
                     self._report(index, now_s)
                     self._push(now_s + self.fleet.state_interval_s, REPORT, index)
@@ -192,8 +203,10 @@ class Simulation:
             wall_s=time.perf_counter() - wall_started_s,
         )
 
-    def _push(self, at_s: float, kind: int, index: int = 0) -> None:
-        heapq.heappush(self._events, (at_s, next(self._seq), kind, index))
+    def _push(self, at_s: float, kind: int, index: int = 0) -> int:
+        seq = next(self._seq)
+        heapq.heappush(self._events, (at_s, seq, kind, index))
+        return seq
 
     # -- the router's part -------------------------------------------------------
 
@@ -231,13 +244,18 @@ class Simulation:
         replica.add(engine_request, now_s)
         if replica.idle:
             self._start_step(replica, now_s)
+        elif replica.core.config.is_chat(engine_request):
+            yield_s = replica.yield_at(now_s)
+            if yield_s is not None:
+                replica.yield_pending = True
+                self._push(yield_s, YIELD, replica.index)
 
     # -- the replicas' engine loops ----------------------------------------------
 
     def _start_step(self, replica: SimReplica, now_s: float) -> None:
         duration_s = replica.start_step(now_s)
         if duration_s is not None:
-            self._push(now_s + duration_s, STEP_DONE, replica.index)
+            self._step_event[replica.index] = self._push(now_s + duration_s, STEP_DONE, replica.index)
 
     def _step_done(self, replica: SimReplica, now_s: float) -> bool:
         """True if the step told the scheduler something (a first token, a finish)."""
