@@ -133,3 +133,12 @@ def test_work_given_up_at_every_chance_still_finishes(make_request):
             break
     assert {"job", "doc"} <= done
     assert now_s < 120  # 6 + 3 outputs after 60-token prompts in 16-token chunks: ~15 useful steps each
+
+
+def test_a_health_probe_is_not_a_chat(make_request):
+    from dataclasses import replace
+    config = make().config
+    chat = make_request("chat", prompt=own(1000, 4), max_output=1)
+    assert config.is_chat(chat)
+    assert not config.is_chat(replace(chat, probe=True))
+    assert not config.is_chat(replace(chat, service_class=ServiceClass.BATCH))

@@ -33,7 +33,7 @@ is what it waits out before its own. A step that admits a
 short interactive prompt carries no long chunk and no batch work at all,
 decodes included (never two steps running): its first token waits for the
 interactive decodes, not for another tenant's prompt or for batch. With
-`yield_to_chats`, a plan that carries batch work or a long chunk says so
+`yield_to_chats`, a plan that is mostly batch work and long chunks says so
 (`StepPlan.yields_to_chats`): the runner may give it up part-way for a chat
 that arrives meanwhile, and `abandon(plan)` then leaves it unapplied; the
 step after a held or abandoned one never yields.
@@ -204,8 +204,9 @@ class IterationScheduler:
     def abandon(self, plan: StepPlan) -> None:
         """The runner gave `plan` up part-way (it yields to chats): nothing
         of it counts, and the next `schedule` plans its work again (blocks
-        it allocated stay with their sequences). That next step runs to its
-        end, so work given up again and again still runs every other step."""
+        it allocated stay with their sequences). That next step (usually the
+        chat's first-token step) and the one after it do not yield, so work
+        given up again and again still runs at least every third step."""
         if not plan.yields_to_chats:
             raise ValueError("only a plan that yields to chats may be abandoned")
         self._abandoned_last_step = True

@@ -99,9 +99,9 @@ class SchedulerConfig:
     yield_to_chats: bool = False
 
     def is_chat(self, request: EngineRequest) -> bool:
-        """A short interactive prompt: what a first-token step is held for,
-        and what a yielding step gives way to."""
-        return (request.service_class is ServiceClass.INTERACTIVE
+        """A short interactive prompt (not a health probe): what a first-token
+        step is held for, and what a yielding step gives way to."""
+        return (request.service_class is ServiceClass.INTERACTIVE and not request.probe
                 and not self.is_long_prefill(len(request.prompt_token_ids)))
 
     def is_long_prefill(self, uncomputed_tokens: int) -> bool:
