@@ -45,26 +45,22 @@ def test_a_batch_step_yields_and_a_first_token_step_does_not(make_request):
     assert scheduler.schedule(3.0).yields_to_chats
 
 
-def test_a_step_mostly_of_chats_does_not_yield_for_one_long_chunk(make_request):
-    """Three chats decoding beside one long prompt's chunk: giving the step
-    up would cost the three the part done, for one chunk's worth."""
-    scheduler = make(chunk_cap=16, long_over=16)
-    for i in range(3):
+def test_only_a_step_mostly_of_batch_yields(make_request):
+    """Chats decoding beside batch: giving the step up costs each of them
+    the part done, so it yields only where batch sequences outnumber them."""
+    scheduler = make()
+    for i in range(2):
         scheduler.add(make_request(f"chat{i}", prompt=own(1000 * (i + 1), 8), max_output=20), 0.0)
     run(scheduler, scheduler.schedule(0.0))
-    scheduler.add(make_request("doc", prompt=own(9000, 100), max_output=2), 1.0)
+    scheduler.add(make_request("job0", prompt=own(9000, 8), max_output=20, service_class=ServiceClass.BATCH), 1.0)
+    scheduler.add(make_request("job1", prompt=own(9100, 8), max_output=20, service_class=ServiceClass.BATCH), 1.0)
     plan = scheduler.schedule(1.0)
-    assert sorted(len(c.token_ids) for c in plan.chunks) == [1, 1, 1, 16]
-    assert not plan.yields_to_chats
+    assert sorted(c.request_id for c in plan.chunks) == ["chat0", "chat1", "job0", "job1"]
+    assert not plan.yields_to_chats  # two and two: not mostly batch
     run(scheduler, plan)
-    scheduler.cancel("chat0"), scheduler.cancel("chat1")
+    scheduler.cancel("chat0")
     plan = scheduler.schedule(2.0)
-    assert sorted(len(c.token_ids) for c in plan.chunks) == [1, 16]
-    assert not plan.yields_to_chats  # one each: not mostly work that can wait
-    run(scheduler, plan)
-    scheduler.add(make_request("job", prompt=own(5000, 8), max_output=4, service_class=ServiceClass.BATCH), 3.0)
-    plan = scheduler.schedule(3.0)
-    assert {c.request_id for c in plan.chunks} == {"chat2", "doc", "job"}
+    assert sorted(c.request_id for c in plan.chunks) == ["chat1", "job0", "job1"]
     assert plan.yields_to_chats
 
 
@@ -78,12 +74,12 @@ def test_chats_alone_never_yield(make_request):
         run(scheduler, plan)
 
 
-def test_a_long_prompts_chunk_yields(make_request):
+def test_a_long_interactive_prompts_chunk_does_not_yield(make_request):
     scheduler = make(chunk_cap=16, long_over=16)
     scheduler.add(make_request("doc", prompt=own(1000, 100), max_output=2), 0.0)
     plan = scheduler.schedule(0.0)
     assert [len(c.token_ids) for c in plan.chunks] == [16]
-    assert plan.yields_to_chats
+    assert not plan.yields_to_chats
 
 
 def test_off_nothing_yields(make_request):
@@ -114,31 +110,25 @@ def test_an_abandoned_plan_is_planned_again_and_the_next_runs_to_its_end(make_re
 
 def test_work_given_up_at_every_chance_still_finishes(make_request):
     """A chat arrives during every step and every step that may yield is
-    given up: batch and long prompts still run at least every third step."""
+    given up: batch still runs at least every third step."""
     scheduler = make(chunk_cap=16, long_over=16)
     scheduler.add(make_request("job", prompt=own(1000, 60), max_output=6, service_class=ServiceClass.BATCH), 0.0)
-    scheduler.add(make_request("doc", prompt=own(3000, 60), max_output=3), 0.0)
+    scheduler.add(make_request("job2", prompt=own(3000, 12), max_output=3, service_class=ServiceClass.BATCH), 0.0)
     done: set[str] = set()
-    chats = 0
+    chats = abandoned = 0
     for now_s in range(300):
-        scheduler.add(make_request(f"chat{chats}", prompt=own(10_000 + 10 * chats, 4), max_output=1), now_s)
-        chats += 1
         plan = scheduler.schedule(float(now_s))
+        # The chat arrives while the step runs (it joins the next plan).
+        scheduler.add(make_request(f"chat{chats}", prompt=own(10_000 + 10 * chats, 4), max_output=1), now_s + 0.5)
+        chats += 1
         if plan.yields_to_chats:
             scheduler.abandon(plan)
+            abandoned += 1
             continue
         outputs = scheduler.update(plan, {c.request_id: 7 for c in plan.chunks if c.samples})
         done |= {o.request_id for o in outputs if o.finished}
-        if {"job", "doc"} <= done:
+        if {"job", "job2"} <= done:
             break
-    assert {"job", "doc"} <= done
-    assert now_s < 120  # 6 + 3 outputs after 60-token prompts in 16-token chunks: ~15 useful steps each
-
-
-def test_a_health_probe_is_not_a_chat(make_request):
-    from dataclasses import replace
-    config = make().config
-    chat = make_request("chat", prompt=own(1000, 4), max_output=1)
-    assert config.is_chat(chat)
-    assert not config.is_chat(replace(chat, probe=True))
-    assert not config.is_chat(replace(chat, service_class=ServiceClass.BATCH))
+    assert {"job", "job2"} <= done
+    assert abandoned > 0
+    assert now_s < 60  # ~10 batch steps of work, at least every third step

@@ -33,7 +33,7 @@ is what it waits out before its own. A step that admits a
 short interactive prompt carries no long chunk and no batch work at all,
 decodes included (never two steps running): its first token waits for the
 interactive decodes, not for another tenant's prompt or for batch. With
-`yield_to_chats`, a plan that is mostly batch work and long chunks says so
+`yield_to_chats`, a plan that is mostly batch work says so
 (`StepPlan.yields_to_chats`): the runner may give it up part-way for a chat
 that arrives meanwhile, and `abandon(plan)` then leaves it unapplied; the
 step after a held or abandoned one never yields.
@@ -132,8 +132,8 @@ class IterationScheduler:
     # -- one step ------------------------------------------------------------
 
     def schedule(self, now_s: float) -> StepPlan:
-        # Batch and long prompts' turn: the step after one that held them
-        # back, or after one given up, runs to its end.
+        # Batch's turn: the step after one that held it back, or after one
+        # given up, runs to its end.
         their_turn = self._held_for_first_tokens_last_step or self._abandoned_last_step
         self._abandoned_last_step = False
         step = StepBuilder(self.config.max_num_batched_tokens)
@@ -258,22 +258,20 @@ class IterationScheduler:
 
     def _yields(self, chunks: tuple[ScheduledChunk, ...], their_turn: bool) -> bool:
         """Whether a step of `chunks` may give way to an arriving chat: it is
-        mostly work that can wait (more batch sequences and long prompts'
-        chunks than other interactive sequences), and it is not their turn
-        (see `schedule`). The interactive sequences in a step given up get
-        their token from the chat's first-token step, which holds the
-        waiting work back: sooner where that work was most of the step, later
-        by the part given up where it was not (many chats decoding beside one
-        long chunk)."""
+        mostly batch work (more batch sequences than interactive ones), and
+        it is not batch's turn (see `schedule`). The interactive sequences
+        in a step given up get their token from the chat's first-token step,
+        which holds batch back: sooner where batch was most of the step,
+        later by the part given up where it was not. Another tenant's long
+        interactive prompt does not make a step yield: its chunks are kept
+        short beside chats instead (`long_prefill_chunk_tokens_beside_chats`),
+        and giving its steps up cost the chats more CPU than it saved them."""
         if not self.config.yield_to_chats or their_turn:
             return False
-        can_wait = 0
+        batch = 0
         for chunk in chunks:
-            sequence = self._sequences[chunk.request_id]
-            if sequence.request.service_class is ServiceClass.BATCH or (
-                    sequence.long_prefill and len(chunk.token_ids) > 1):
-                can_wait += 1
-        return can_wait > len(chunks) - can_wait
+            batch += self._sequences[chunk.request_id].request.service_class is ServiceClass.BATCH
+        return batch > len(chunks) - batch
 
     def _interactive_live(self, now_s: float) -> bool:
         """Interactive work is resident or waiting, or arrived within
