@@ -31,6 +31,13 @@ def default_objects() -> list[dict]:
     return render_objects(None)
 
 
+def knob(text: str) -> int:
+    """A DEVICE_DEFAULTS knob as the chart renders it: a count, or a flag
+    ("true"/"false", which the replica's settings read as 1/0)."""
+    flags = {"true": 1, "false": 0}
+    return flags[text] if text in flags else int(text)
+
+
 def _scheduler_settings_from(objects: list[dict], monkeypatch: pytest.MonkeyPatch):
     from sluice.scheduler.settings import SchedulerSettings
 
@@ -73,7 +80,7 @@ def test_the_charts_default_knobs_are_the_codes(default_objects: list[dict], mon
         # The chunk caps' code defaults depend on the device: the chart states the ones for its device.
         rendered = ReplicaSettings(device=env["SLUICE_DEVICE"])
         for name in DEVICE_DEFAULTS:
-            assert int(env[f"SLUICE_{name.upper()}"]) == rendered.for_device(name)
+            assert knob(env[f"SLUICE_{name.upper()}"]) == rendered.for_device(name)
 
 
 def test_the_cpu_example_states_the_replicas_cpu_defaults() -> None:
@@ -83,7 +90,7 @@ def test_the_cpu_example_states_the_replicas_cpu_defaults() -> None:
     env = env_values(containers(deployment)[0])
     rendered = ReplicaSettings(device=env["SLUICE_DEVICE"])
     for name in DEVICE_DEFAULTS:
-        assert int(env[f"SLUICE_{name.upper()}"]) == rendered.for_device(name)
+        assert knob(env[f"SLUICE_{name.upper()}"]) == rendered.for_device(name)
 
 
 def test_tenant_limits_render_as_json_the_scheduler_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
