@@ -236,22 +236,10 @@ def figures(*, output_tokens: int, end_s: float, ttfts_s: list[float], gaps_s, s
 
 
 def engine_config() -> SchedulerConfig:
-    """The replica's SchedulerConfig on CPU (services/replica __main__.build_engine)."""
+    """The replica's SchedulerConfig on CPU, built as the replica builds it."""
     settings = ReplicaSettings(**_overrides(ReplicaSettings))
-    return SchedulerConfig(
-        max_num_batched_tokens=settings.max_num_batched_tokens, max_num_seqs=settings.max_num_seqs,
-        max_model_len_tokens=TINY_LLAMA.max_context_tokens,
-        interactive_preempt_after_s=settings.interactive_preempt_after_s,
-        long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
-        long_prefill_chunk_tokens_beside_chats=settings.for_device("long_prefill_chunk_tokens_beside_chats"),
-        max_long_prefills_per_step=settings.max_long_prefills_per_step,
-        long_prefill_threshold_tokens=settings.for_device("long_prefill_threshold_tokens"),
-        prefill_depth_scale_tokens=(prefill_depth_scale_tokens(TINY_LLAMA) if settings.prefill_depth_scale_tokens
-                                    is None else settings.prefill_depth_scale_tokens),
-        batch_prefill_tokens_beside_interactive=settings.for_device("batch_prefill_tokens_beside_interactive"),
-        interactive_recent_s=settings.interactive_recent_s,
-        yield_to_chats=bool(settings.for_device("yield_to_chats")),
-    )
+    return settings.scheduler_config(max_model_len_tokens=TINY_LLAMA.max_context_tokens,
+                                     model_depth_scale_tokens=prefill_depth_scale_tokens(TINY_LLAMA))
 
 
 def _overrides(settings_class) -> dict:

@@ -23,3 +23,16 @@ def test_the_depth_scale_is_the_models_unless_set(monkeypatch):
     assert ReplicaSettings().prefill_depth_scale_tokens is None
     monkeypatch.setenv("SLUICE_PREFILL_DEPTH_SCALE_TOKENS", "0")
     assert ReplicaSettings().prefill_depth_scale_tokens == 0
+
+
+def test_the_engine_config_takes_the_device_defaults_and_the_models_depth(monkeypatch):
+    for name in (*DEVICE_DEFAULTS, "prefill_depth_scale_tokens"):
+        monkeypatch.delenv(f"SLUICE_{name.upper()}", raising=False)
+    cpu = ReplicaSettings(device="cpu").scheduler_config(max_model_len_tokens=4096, model_depth_scale_tokens=1416)
+    assert (cpu.long_prefill_chunk_tokens, cpu.batch_prefill_tokens_beside_interactive) == (128, 64)
+    assert cpu.yield_to_chats is True and cpu.prefill_depth_scale_tokens == 1416 and cpu.max_model_len_tokens == 4096
+    cuda = ReplicaSettings(device="cuda").scheduler_config(max_model_len_tokens=8192, model_depth_scale_tokens=50_000)
+    assert cuda.yield_to_chats is False and cuda.long_prefill_chunk_tokens == 512
+    monkeypatch.setenv("SLUICE_PREFILL_DEPTH_SCALE_TOKENS", "0")
+    assert ReplicaSettings().scheduler_config(max_model_len_tokens=4096,
+                                              model_depth_scale_tokens=1416).prefill_depth_scale_tokens == 0

@@ -9,7 +9,7 @@ import torch
 from prometheus_client import start_http_server
 
 from sluice.engine.block_manager import BlockManager
-from sluice.engine.scheduler import IterationScheduler, SchedulerConfig
+from sluice.engine.scheduler import IterationScheduler
 from sluice.model.attention import default_backend, preferred_kv_layout
 from sluice.model.cpu_tuning import tune_cpu_allocator
 from sluice.model.kv_cache import allocate_kv_caches
@@ -49,23 +49,8 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
                                 layout=preferred_kv_layout(device, dtype))
     runner = ModelRunner(model, caches)
     core = IterationScheduler(
-        SchedulerConfig(
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            max_num_seqs=settings.max_num_seqs,
-            max_model_len_tokens=model.config.max_position_embeddings,
-            interactive_preempt_after_s=settings.interactive_preempt_after_s,
-            long_prefill_chunk_tokens=settings.for_device("long_prefill_chunk_tokens"),
-            long_prefill_chunk_tokens_beside_chats=settings.for_device("long_prefill_chunk_tokens_beside_chats"),
-            max_long_prefills_per_step=settings.max_long_prefills_per_step,
-            long_prefill_threshold_tokens=settings.for_device("long_prefill_threshold_tokens"),
-            prefill_depth_scale_tokens=(
-                attention_depth_scale_tokens(model.config) if settings.prefill_depth_scale_tokens is None
-                else settings.prefill_depth_scale_tokens
-            ),
-            batch_prefill_tokens_beside_interactive=settings.for_device("batch_prefill_tokens_beside_interactive"),
-            interactive_recent_s=settings.interactive_recent_s,
-            yield_to_chats=bool(settings.for_device("yield_to_chats")),
-        ),
+        settings.scheduler_config(max_model_len_tokens=model.config.max_position_embeddings,
+                                  model_depth_scale_tokens=attention_depth_scale_tokens(model.config)),
         BlockManager(num_blocks, settings.block_size_tokens),
     )
     log.info("model %s on %s/%s, %d KV blocks of %d tokens", settings.model_dir, device, dtype, num_blocks,

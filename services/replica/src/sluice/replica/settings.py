@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from sluice.config import SluiceSettings
+from sluice.engine.scheduler_config import SchedulerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +131,25 @@ class ReplicaSettings(SluiceSettings):
             return value
         default = DEVICE_DEFAULTS[name]
         return default.cpu if self.device == "cpu" else default.cuda
+
+    def scheduler_config(self, *, max_model_len_tokens: int, model_depth_scale_tokens: int) -> SchedulerConfig:
+        """The engine's SchedulerConfig from these settings, for a model of
+        `max_model_len_tokens` whose attention-vs-linears depth is
+        `model_depth_scale_tokens` (what an unset prefill_depth_scale_tokens
+        means). The replica builds its engine with it; the simulator's
+        fidelity bench builds the replica it simulates with it."""
+        return SchedulerConfig(
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len_tokens=max_model_len_tokens,
+            interactive_preempt_after_s=self.interactive_preempt_after_s,
+            long_prefill_chunk_tokens=self.for_device("long_prefill_chunk_tokens"),
+            long_prefill_chunk_tokens_beside_chats=self.for_device("long_prefill_chunk_tokens_beside_chats"),
+            max_long_prefills_per_step=self.max_long_prefills_per_step,
+            long_prefill_threshold_tokens=self.for_device("long_prefill_threshold_tokens"),
+            prefill_depth_scale_tokens=(model_depth_scale_tokens if self.prefill_depth_scale_tokens is None
+                                        else self.prefill_depth_scale_tokens),
+            batch_prefill_tokens_beside_interactive=self.for_device("batch_prefill_tokens_beside_interactive"),
+            interactive_recent_s=self.interactive_recent_s,
+            yield_to_chats=bool(self.for_device("yield_to_chats")),
+        )
