@@ -32,10 +32,9 @@ import asyncio
 import time
 from collections import Counter
 
-import httpx
-
 from cluster_harness import PromptMaker, RequestRecord, cluster, run_main, stream_chat, warm_up
 from cluster_stats import median, ms, print_json, ratio, verdict
+from load_client import LoadClient
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
 CAPACITY = 16
@@ -61,7 +60,7 @@ BURST = 3 * CAPACITY
 Retry = tuple[RequestRecord, RequestRecord]  # (the refused first attempt, its one retry)
 
 
-async def client_with_one_retry(client: httpx.AsyncClient, key: str, tenant: str, prompt: str,
+async def client_with_one_retry(client: LoadClient, key: str, tenant: str, prompt: str,
                                 attempts: list[RequestRecord], retries: list[Retry]) -> None:
     first = await stream_chat(client, key, tenant, prompt, max_tokens=MAX_TOKENS)
     attempts.append(first)

@@ -7,12 +7,14 @@
 
 Each cluster runs in a temp dir with its own SQLite ledger and in-process
 buckets (no Redis), on ephemeral loopback ports. The client streams SSE with
-httpx and asks for `continuous_usage_stats`, so every engine step that
-produced a token arrives as one chunk carrying the cumulative output count:
-time to first token, inter-token gaps and tokens in a window are per token
-step, not per detokenized word. Closed-loop workers each get a client of
-their own (`worker_clients`): one shared pool costs the load client more
-CPU than the stack it measures. A refusal is recorded with its status,
+the lean `load_client.LoadClient` (httpx cost the load client, which shares
+the cores with the stack, more CPU per request than the gateway spent) and
+asks for `continuous_usage_stats`, so every engine step that produced a
+token arrives as one chunk carrying the cumulative output count: time to
+first token, inter-token gaps and tokens in a window are per token step,
+not per detokenized word; each is stamped when the client read its bytes.
+Closed-loop workers each get a client (and so a connection) of their own
+(`worker_clients`). A refusal is recorded with its status,
 Retry-After, retry-after-ms and x-sluice-reject-reason, and how long it took.
 
 Timings are time.monotonic() seconds; cluster_stats has the /metrics
@@ -27,7 +29,6 @@ import gc
 import json
 import os
 import random
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from load_client import LoadClient
 
 from sluice.devstack.stack import LocalStack, StackPorts
 
@@ -91,27 +93,27 @@ class Cluster:
         raise StackFailed(f"gateway did not accept a new key within {KEY_VISIBLE_TIMEOUT_S}s")
 
     @contextlib.asynccontextmanager
-    async def client(self) -> AsyncIterator[httpx.AsyncClient]:
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-        async with httpx.AsyncClient(base_url=self.stack.gateway_url, limits=limits,
-                                     timeout=httpx.Timeout(120.0, connect=10.0)) as client:
+    async def client(self) -> AsyncIterator[LoadClient]:
+        """A client opening a connection per concurrent request (idle ones are reused)."""
+        client = LoadClient(*self._gateway_address())
+        try:
             yield client
+        finally:
+            client.close()
 
     @contextlib.asynccontextmanager
-    async def worker_clients(self, count: int) -> AsyncIterator[list[httpx.AsyncClient]]:
-        """One client per closed-loop worker, each with one connection.
-        Workers sharing one pool pay for it: httpcore checks every pooled
-        connection (a poll syscall each) on every request and every close,
-        and with 64 workers the load client spent ~60% of a core there,
-        lagging the measured tenant's timings on the same event loop."""
-        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        # Plain HTTP, but each client would load the CA bundle into an SSL
-        # context of its own (~5 ms each, on the event loop): share one.
-        tls = ssl.create_default_context()
-        async with contextlib.AsyncExitStack() as stack:
-            yield [await stack.enter_async_context(httpx.AsyncClient(
-                base_url=self.stack.gateway_url, limits=limits, verify=tls,
-                timeout=httpx.Timeout(120.0, connect=10.0))) for _ in range(count)]
+    async def worker_clients(self, count: int) -> AsyncIterator[list[LoadClient]]:
+        """One client per closed-loop worker: each keeps its one connection."""
+        clients = [LoadClient(*self._gateway_address()) for _ in range(count)]
+        try:
+            yield clients
+        finally:
+            for client in clients:
+                client.close()
+
+    def _gateway_address(self) -> tuple[str, int]:
+        url = httpx.URL(self.stack.gateway_url)
+        return url.host, url.port
 
     def metrics_url(self, service: str = "scheduler", index: int = 0) -> str:
         return self.stack.metrics_url(service, index)
@@ -305,7 +307,7 @@ class RequestRecord:
         return self.retry_after_s
 
 
-def _float_header(headers: httpx.Headers, name: str) -> float | None:
+def _float_header(headers: dict[str, str], name: str) -> float | None:
     value = headers.get(name)
     try:
         return float(value) if value is not None else None
@@ -313,13 +315,14 @@ def _float_header(headers: httpx.Headers, name: str) -> float | None:
         return None
 
 
-async def stream_chat(client: httpx.AsyncClient, key: str, tenant: str, prompt: str, *, max_tokens: int,
+async def stream_chat(client: LoadClient, key: str, tenant: str, prompt: str, *, max_tokens: int,
                       service_tier: str | None = None, ignore_eos: bool = True,
                       sink: list[RequestRecord] | None = None) -> RequestRecord:
     """One streaming chat completion, recorded (and appended to `sink` as
     soon as it is sent, so a cancelled one keeps what it received); never
     raises for HTTP or transport failures (they land in the record).
-    Cancellation leaves `cancelled` set and re-raises."""
+    Cancellation leaves `cancelled` set, closes the connection (the stack
+    sees the client leave) and re-raises."""
     body = {
         "model": MODEL, "stream": True, "max_tokens": max_tokens, "ignore_eos": ignore_eos, "temperature": 0,
         "messages": [{"role": "user", "content": prompt}],
@@ -330,47 +333,64 @@ async def stream_chat(client: httpx.AsyncClient, key: str, tenant: str, prompt: 
     record = RequestRecord(tenant, "batch" if service_tier == "flex" else "interactive", time.monotonic())
     if sink is not None:
         sink.append(record)
+    events = _EventReader(record)
     try:
-        async with client.stream("POST", "/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {key}"}) as response:
-            record.answered_s = time.monotonic()
-            record.status = response.status_code
-            if response.status_code != 200:
-                record.reject_reason = response.headers.get("x-sluice-reject-reason")
-                record.retry_after_s = _float_header(response.headers, "retry-after")
-                record.retry_after_ms = _float_header(response.headers, "retry-after-ms")
-                await response.aread()
-                return record
-            await _read_events(response, record)
+        response = await client.post("/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Authorization": f"Bearer {key}"}, on_body=events.feed)
+        record.answered_s = time.monotonic()
+        record.status = response.status
+        if response.status != 200:
+            events.record = None  # the error body is not an event stream
+            record.reject_reason = response.headers.get("x-sluice-reject-reason")
+            record.retry_after_s = _float_header(response.headers, "retry-after")
+            record.retry_after_ms = _float_header(response.headers, "retry-after-ms")
+        await response.finished
     except asyncio.CancelledError:
         record.cancelled = True
         raise
-    except httpx.HTTPError as error:
+    except (OSError, asyncio.TimeoutError) as error:  # ConnectionFailed is an OSError
         record.error = f"{type(error).__name__}: {error}"
     return record
 
 
-async def _read_events(response: httpx.Response, record: RequestRecord) -> None:
-    async for line in response.aiter_lines():
-        if not line.startswith("data: "):
-            continue
-        data = line[6:]
-        if data == "[DONE]":
+class _EventReader:
+    """The SSE body of one stream, fed as the parser hands it over: each
+    `data:` event updates the record, stamped when its bytes were read."""
+
+    __slots__ = ("record", "_pending")
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record: RequestRecord | None = record
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        if self.record is None:
+            return
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()  # an incomplete last line waits for the rest
+        now_s = time.monotonic()
+        for line in lines:
+            if line.startswith(b"data: "):
+                self._event(line[6:].rstrip(b"\r"), now_s)
+
+    def _event(self, data: bytes, now_s: float) -> None:
+        record = self.record
+        if data == b"[DONE]":
             record.finished = record.error is None
             return
         event = json.loads(data)
         if "error" in event:
             record.error = str(event["error"].get("code") or event["error"].get("message"))
-            continue
+            return
         usage = event.get("usage")
         if not usage:
-            continue
+            return
         if record.prompt_tokens is None:
             record.prompt_tokens = usage["prompt_tokens"]
         if event.get("choices"):  # a delta with the running count
             count = usage["completion_tokens"]
             if count > record.tokens_received:
-                record.token_times_s.append(time.monotonic())
+                record.token_times_s.append(now_s)
                 record.token_counts.append(count)
         else:  # the final usage chunk
             record.output_tokens = usage["completion_tokens"]
