@@ -146,7 +146,10 @@ class LoadClient:
         except BaseException:
             self._drop(connection)
             raise
-        response.finished.add_done_callback(lambda done: self._release(connection, done))
+        if response.finished.done():  # the whole response came with its head
+            self._release(connection, response.finished)
+        else:  # registered before the caller awaits `finished`, so it runs first
+            response.finished.add_done_callback(lambda done: self._release(connection, done))
         return response
 
     def close(self) -> None:
