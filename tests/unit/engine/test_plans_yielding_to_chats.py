@@ -74,12 +74,61 @@ def test_chats_alone_never_yield(make_request):
         run(scheduler, plan)
 
 
-def test_a_long_interactive_prompts_chunk_does_not_yield(make_request):
+def test_a_long_prompts_chunk_alone_does_not_yield(make_request):
     scheduler = make(chunk_cap=16, long_over=16)
-    scheduler.add(make_request("doc", prompt=own(1000, 100), max_output=2), 0.0)
+    scheduler.add(make_request("doc", prompt=own(1000, 100), max_output=2, tenant="a"), 0.0)
     plan = scheduler.schedule(0.0)
     assert [len(c.token_ids) for c in plan.chunks] == [16]
-    assert not plan.yields_to_chats
+    assert not plan.yields_to_chats  # nobody chats: nothing to give way to
+
+
+def _doc_beside_chats(make_request, chats: int, chat_tenant: str, chunk_cap: int = 16):
+    """A 200-token prompt of tenant "a" part-way through, beside `chats`
+    decoding chats of `chat_tenant` that arrived just now: the next plan."""
+    scheduler = make(chunk_cap=chunk_cap, long_over=16)
+    scheduler.add(make_request("doc", prompt=own(1000, 200), max_output=2, tenant="a"), 0.0)
+    run(scheduler, scheduler.schedule(0.0))
+    for i in range(chats):
+        scheduler.add(make_request(f"chat{i}", prompt=own(5000 + 100 * i, 4), max_output=20, tenant=chat_tenant), 0.1)
+    first_token_step = scheduler.schedule(0.1)
+    assert "doc" not in {c.request_id for c in first_token_step.chunks}  # held for the chats' first tokens
+    assert not first_token_step.yields_to_chats
+    run(scheduler, first_token_step)
+    long_turn = scheduler.schedule(0.2)
+    assert "doc" in {c.request_id for c in long_turn.chunks}
+    assert not long_turn.yields_to_chats  # the held prompt's turn runs to its end
+    run(scheduler, long_turn)
+    return scheduler.schedule(0.3)
+
+
+def test_a_step_mostly_of_another_tenants_long_prompt_yields(make_request):
+    plan = _doc_beside_chats(make_request, chats=2, chat_tenant="b")
+    assert sorted(c.request_id for c in plan.chunks) == ["chat0", "chat1", "doc"]
+    assert plan.yields_to_chats
+
+
+def test_a_long_prompt_beside_its_own_tenants_chats_does_not_yield(make_request):
+    scheduler = make(chunk_cap=16, long_over=16)
+    scheduler.add(make_request("doc", prompt=own(1000, 200), max_output=2, tenant="a"), 0.0)
+    for i in range(2):
+        scheduler.add(make_request(f"chat{i}", prompt=own(5000 + 100 * i, 4), max_output=20, tenant="a"), 0.0)
+    plans = []
+    for step in range(4):
+        plans.append(scheduler.schedule(0.1 * step))
+        run(scheduler, plans[-1])
+    assert all("doc" in {c.request_id for c in plan.chunks} for plan in plans)
+    assert not any(plan.yields_to_chats for plan in plans)  # its tenant's own trade-off, as with its chunk size
+
+
+@pytest.mark.parametrize(("chunk_cap", "yields"), [(8, False), (16, True)])
+def test_a_step_mostly_of_decodes_does_not_yield(make_request, chunk_cap, yields):
+    """12 chats decoding beside the long prompt's chunk: giving the step up
+    costs each of them the part done, so it yields only where the chunk
+    holds more tokens than their decodes."""
+    plan = _doc_beside_chats(make_request, chats=12, chat_tenant="b", chunk_cap=chunk_cap)
+    assert [len(c.token_ids) for c in plan.chunks if c.request_id == "doc"] == [chunk_cap]
+    assert sum(len(c.token_ids) == 1 for c in plan.chunks) == 12
+    assert plan.yields_to_chats is yields
 
 
 def test_off_nothing_yields(make_request):
@@ -132,3 +181,31 @@ def test_work_given_up_at_every_chance_still_finishes(make_request):
     assert {"job", "job2"} <= done
     assert abandoned > 0
     assert now_s < 60  # ~10 batch steps of work, at least every third step
+
+
+def test_a_long_prompt_given_up_at_every_chance_still_finishes(make_request):
+    """Another tenant's chats arrive all along and every step that may yield
+    is given up: the long prompt still takes a chunk at least every third
+    step."""
+    scheduler = make(chunk_cap=16, long_over=16)
+    scheduler.add(make_request("doc", prompt=own(1000, 120), max_output=3, tenant="a"), 0.0)
+    done = False
+    abandoned = 0
+    for now_s in range(300):
+        plan = scheduler.schedule(now_s * 0.1)
+        # A chat arrives while the step runs (it joins the next plan), every
+        # third step: more often leaves only first-token steps and the long
+        # prompt's turns after them, which never yield.
+        if now_s % 3 == 0:
+            scheduler.add(make_request(f"chat{now_s}", prompt=own(10_000 + 10 * now_s, 4), max_output=3,
+                                       tenant="b"), now_s * 0.1 + 0.05)
+        if plan.yields_to_chats:
+            scheduler.abandon(plan)
+            abandoned += 1
+            continue
+        outputs = scheduler.update(plan, {c.request_id: 7 for c in plan.chunks if c.samples})
+        if any(o.request_id == "doc" and o.finished for o in outputs):
+            done = True
+            break
+    assert done and abandoned > 0
+    assert now_s < 40  # 8 chunks and 3 tokens, at least every third step

@@ -33,7 +33,8 @@ is what it waits out before its own. A step that admits a
 short interactive prompt carries no long chunk and no batch work at all,
 decodes included (never two steps running): its first token waits for the
 interactive decodes, not for another tenant's prompt or for batch. With
-`yield_to_chats`, a plan that is mostly batch work says so
+`yield_to_chats`, a plan that is mostly batch work, or mostly another
+tenant's long prompt while chats are live, says so
 (`StepPlan.yields_to_chats`): the runner may give it up part-way for a chat
 that arrives meanwhile, and `abandon(plan)` then leaves it unapplied; the
 step after a held or abandoned one never yields.
@@ -105,8 +106,10 @@ class IterationScheduler:
         if request.service_class is ServiceClass.INTERACTIVE:
             self._last_interactive_arrival_s = max(self._last_interactive_arrival_s, sequence.arrival_s)
             # A chat: a prompt that would not be long. Recorded only where the
-            # cap beside chats is on: only then does a step forget old ones.
-            if self.config.long_prefill_chunk_tokens_beside_chats and self.config.is_chat(request):
+            # cap beside chats or yielding to chats is on: only then does a
+            # step forget old ones.
+            config = self.config
+            if (config.long_prefill_chunk_tokens_beside_chats or config.yield_to_chats) and config.is_chat(request):
                 key = request.fairness_key
                 self._chat_arrivals[key] = max(self._chat_arrivals.get(key, -math.inf), sequence.arrival_s)
 
@@ -257,21 +260,35 @@ class IterationScheduler:
             step.add(self._chunk(sequence, sequence.num_tokens, kv))
 
     def _yields(self, chunks: tuple[ScheduledChunk, ...], their_turn: bool) -> bool:
-        """Whether a step of `chunks` may give way to an arriving chat: it is
-        mostly batch work (more batch sequences than interactive ones), and
-        it is not batch's turn (see `schedule`). The interactive sequences
-        in a step given up get their token from the chat's first-token step,
-        which holds batch back: sooner where batch was most of the step,
-        later by the part given up where it was not. Another tenant's long
-        interactive prompt does not make a step yield: its chunks are kept
-        short beside chats instead (`long_prefill_chunk_tokens_beside_chats`),
-        and giving its steps up cost the chats more CPU than it saved them."""
+        """Whether a step of `chunks` may give way to an arriving chat. Not
+        on the turn that held others back for first tokens or followed a
+        step given up (see `schedule`); otherwise when the step is mostly
+        work a chat need not wait for:
+
+        - batch: more batch sequences than interactive ones. The interactive
+          sequences in a step given up get their token from the chat's
+          first-token step, which holds batch back: sooner where batch was
+          most of the step, later by the part given up where it was not.
+        - another tenant's long prompt, while this tenant's chats are not
+          the only ones live: its chunk holds more tokens than the rest of
+          the step together. A step that is mostly other sequences' decodes
+          (many chats beside near-context prompts) runs on: giving it up
+          costs each of them the part done, and the chats then wait for that
+          CPU."""
         if not self.config.yield_to_chats or their_turn:
             return False
         batch = 0
         for chunk in chunks:
             batch += self._sequences[chunk.request_id].request.service_class is ServiceClass.BATCH
-        return batch > len(chunks) - batch
+        if batch > len(chunks) - batch:
+            return True
+        step_tokens = sum(len(chunk.token_ids) for chunk in chunks)
+        for chunk in chunks:
+            sequence = self._sequences[chunk.request_id]
+            tokens = len(chunk.token_ids)
+            if tokens > step_tokens - tokens and sequence.is_long_prefilling and self._others_chatting(sequence):
+                return True
+        return False
 
     def _interactive_live(self, now_s: float) -> bool:
         """Interactive work is resident or waiting, or arrived within
@@ -295,11 +312,15 @@ class IterationScheduler:
     def _long_cap(self, sequence: Sequence, long: bool) -> int:
         """The smaller chunk cap of a long prefill while another tenant's
         chats are live; 0 = the step's own cap."""
-        if not long or not self._chat_keys:
+        if not long or not self._others_chatting(sequence):
             return 0
-        if len(self._chat_keys) == 1 and sequence.request.fairness_key in self._chat_keys:
-            return 0  # only its own tenant is chatting: its own trade-off
         return self.config.long_prefill_chunk_tokens_beside_chats
+
+    def _others_chatting(self, sequence: Sequence) -> bool:
+        """Chats of a tenant other than `sequence`'s are live (as of this
+        plan): when only its own tenant chats, the trade-off is its own."""
+        keys = self._chat_keys
+        return bool(keys) and not (len(keys) == 1 and sequence.request.fairness_key in keys)
 
     def _hold_for_first_tokens(self, step: StepBuilder) -> bool:
         """Short interactive prompts admitted so far get their first token

@@ -81,20 +81,24 @@ class SchedulerConfig:
     # ms, batch output 0.9x -> 0.75x of alone. 0 = only while resident or
     # waiting.
     interactive_recent_s: float = 1.0
-    # A step that is mostly batch work (more batch sequences than
-    # interactive ones) may be given up part-way (between two layers, before
-    # any token is sampled) when a chat (see `is_chat`) arrives while it
-    # runs: the chat's first-token step runs at once, with the interactive
-    # decodes but without batch, which is planned again after it. The step
-    # under way is otherwise what an arriving chat waits out first, and on a
-    # CPU a batch step in a busy stack is 30-60 ms (tiny model, 2 cores, a
-    # 64-stream flex flood beside 4 chats/s: the chats' wait for it p50 12
-    # ms, p90 31 ms; yielding, 5 ms and 10 ms). Not for a step of chats
-    # beside one long chunk (they would lose the part given up), nor for
-    # another tenant's long interactive prompt (its chunks are kept short
-    # beside chats instead; yielding cost the chats more CPU than it saved).
-    # Never the step right after a first-token step or a given-up one: batch
-    # still advances at least every third step however fast chats arrive.
+    # A step that is mostly work a chat need not wait for may be given up
+    # part-way (between two layers, before any token is sampled) when a
+    # chat (see `is_chat`) arrives while it runs: the chat's first-token
+    # step runs at once, with the interactive decodes but without batch or
+    # long chunks, and the work given up is planned again after it. Mostly
+    # means more batch sequences than interactive ones, or, while another
+    # tenant's chats are live, one long prompt's chunk holding more tokens
+    # than the rest of the step together. The step under way is otherwise
+    # what an arriving chat waits out first, and on a CPU such a step in a
+    # busy stack is 15-60 ms (tiny model, 2 cores, chats at 4/s: beside a
+    # 64-stream flex flood their wait for it p50 12 ms, p90 31 ms, yielding
+    # 5 and 10 ms; beside another tenant's eight 1,500-token requests p50
+    # 8.3 ms, p90 11.9 ms, yielding 2.2 and 3.4 ms). Not for a step that is
+    # mostly other sequences' decodes (32 chats beside one long chunk): they
+    # would each lose the part given up, and the chats then wait for that
+    # CPU. Never the step right after a first-token step or a given-up one:
+    # batch and long prompts still advance at least every third step
+    # however fast chats arrive.
     # Off on a GPU, where the host queues a step's layers ahead of the
     # device, so a check between them cuts little and wastes what was queued.
     yield_to_chats: bool = False

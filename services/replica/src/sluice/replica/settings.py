@@ -99,8 +99,8 @@ class ReplicaSettings(SluiceSettings):
         1.0, ge=0, description="interactive work stays live this long after an arrival (batch steps kept short)"
     )
     yield_to_chats: bool | None = Field(
-        None, description="a step that is mostly batch work is given up part-way for a chat arriving "
-        "meanwhile; none = by device (DEVICE_DEFAULTS)"
+        None, description="a step that is mostly batch work (or another tenant's long prompt) is given "
+        "up part-way for a chat arriving meanwhile; none = by device (DEVICE_DEFAULTS)"
     )
     state_interval_s: float = Field(0.25, gt=0, description="how often WatchState reports")
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
