@@ -4,6 +4,7 @@ the gateway's shapes: the benchmarks' figures are only as good as what the
 client reads and when it stamps it."""
 
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -54,10 +55,17 @@ class Server:
             writer.close()
 
 
-async def _serve(answer):
+@contextlib.asynccontextmanager
+async def serving(answer):
+    """(the server, a LoadClient to it, its listener), all closed after."""
     server = Server(answer)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    return server, listener, listener.sockets[0].getsockname()[1]
+    client = LoadClient("127.0.0.1", listener.sockets[0].getsockname()[1])
+    try:
+        yield server, client, listener
+    finally:
+        client.close()
+        listener.close()
 
 
 async def _stream(writer: asyncio.StreamWriter, _: int) -> None:
@@ -72,14 +80,9 @@ async def _stream(writer: asyncio.StreamWriter, _: int) -> None:
 
 
 async def test_stream_chat_reads_every_token_step_and_reuses_the_connection():
-    server, listener, port = await _serve(_stream)
-    client = LoadClient("127.0.0.1", port)
-    try:
+    async with serving(_stream) as (server, client, _):
         first = await stream_chat(client, "key-1", "tenant-a", "hello", max_tokens=3)
         second = await stream_chat(client, "key-1", "tenant-a", "hello", max_tokens=3)
-    finally:
-        client.close()
-        listener.close()
     for record in (first, second):
         assert (record.status, record.error, record.finished) == (200, None, True)
         assert record.token_counts == [1, 2, 3]
@@ -100,14 +103,9 @@ async def _refuse(writer: asyncio.StreamWriter, _: int) -> None:
 
 
 async def test_a_refusal_keeps_its_status_reason_and_advice():
-    server, listener, port = await _serve(_refuse)
-    client = LoadClient("127.0.0.1", port)
-    try:
+    async with serving(_refuse) as (server, client, _):
         record = await stream_chat(client, "key", "tenant-a", "hello", max_tokens=3)
         again = await stream_chat(client, "key", "tenant-a", "hello", max_tokens=3)
-    finally:
-        client.close()
-        listener.close()
     assert (record.status, record.reject_reason, record.retry_after_s, record.retry_after_ms) == (
         429, "tenant_kv_share", 2.0, 1250.0)
     assert record.refused and record.suggested_retry_s() == 1.25 and record.token_counts == []
@@ -121,16 +119,11 @@ async def _hang_up_mid_body(writer: asyncio.StreamWriter, _: int) -> None:
 
 
 async def test_a_connection_lost_mid_stream_is_an_error_in_the_record_not_an_exception():
-    server, listener, port = await _serve(_hang_up_mid_body)
-    client = LoadClient("127.0.0.1", port)
-    try:
+    async with serving(_hang_up_mid_body) as (_, client, listener):
         record = await stream_chat(client, "key", "tenant-a", "hello", max_tokens=3)
-        nothing_listening = LoadClient("127.0.0.1", port)
         listener.close()
         await listener.wait_closed()
-        refused = await stream_chat(nothing_listening, "key", "tenant-a", "hello", max_tokens=3)
-    finally:
-        client.close()
+        refused = await stream_chat(client, "key", "tenant-a", "hello", max_tokens=3)  # nothing listens now
     assert record.status == 200 and record.token_counts == [1]
     assert not record.finished and "ConnectionFailed" in record.error
     assert refused.status is None and refused.error  # connection refused
@@ -141,11 +134,9 @@ async def _never_finish(writer: asyncio.StreamWriter, _: int) -> None:
 
 
 async def test_cancelling_a_stream_closes_its_connection_so_the_server_sees_the_client_leave():
-    server, listener, port = await _serve(_never_finish)
-    client = LoadClient("127.0.0.1", port)
     sink = []
-    task = asyncio.ensure_future(stream_chat(client, "key", "tenant-a", "hello", max_tokens=3, sink=sink))
-    try:
+    async with serving(_never_finish) as (server, client, _):
+        task = asyncio.ensure_future(stream_chat(client, "key", "tenant-a", "hello", max_tokens=3, sink=sink))
         for _ in range(200):
             if sink and sink[0].token_counts:
                 break
@@ -154,9 +145,6 @@ async def test_cancelling_a_stream_closes_its_connection_so_the_server_sees_the_
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.wait_for(server.closed.wait(), 5.0)
-    finally:
-        client.close()
-        listener.close()
     assert sink[0].cancelled and sink[0].token_counts == [1]
 
 
@@ -164,11 +152,6 @@ async def test_a_response_that_is_not_http_fails_the_request():
     async def garbage(writer: asyncio.StreamWriter, _: int) -> None:
         writer.write(b"SMTP ready\r\n\r\n")
 
-    server, listener, port = await _serve(garbage)
-    client = LoadClient("127.0.0.1", port)
-    try:
+    async with serving(garbage) as (_, client, _listener):
         with pytest.raises(ConnectionFailed):
             await client.post("/v1/chat/completions", b"{}", {})
-    finally:
-        client.close()
-        listener.close()
