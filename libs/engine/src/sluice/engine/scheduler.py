@@ -260,17 +260,17 @@ class IterationScheduler:
             step.add(self._chunk(sequence, sequence.num_tokens, kv))
 
     def _yields(self, chunks: tuple[ScheduledChunk, ...], their_turn: bool) -> bool:
-        """Whether a step of `chunks` may give way to an arriving chat. Not
-        on the turn that held others back for first tokens or followed a
-        step given up (see `schedule`); otherwise when the step is mostly
-        work a chat need not wait for:
+        """Whether a step of `chunks` may give way to an arriving chat. Never
+        the step right after one that held work back for first tokens or was
+        given up (`their_turn`, see `schedule`); otherwise when the step is
+        mostly work a chat need not wait for:
 
         - batch: more batch sequences than interactive ones. The interactive
           sequences in a step given up get their token from the chat's
           first-token step, which holds batch back: sooner where batch was
           most of the step, later by the part given up where it was not.
-        - another tenant's long prompt, while this tenant's chats are not
-          the only ones live: its chunk holds more tokens than the rest of
+        - a long prompt, while chats of a tenant other than its own are
+          live (`_others_chatting`): its chunk holds more tokens than the rest of
           the step together. A step that is mostly other sequences' decodes
           (many chats beside near-context prompts) runs on: giving it up
           costs each of them the part done, and the chats then wait for that
