@@ -275,20 +275,20 @@ class IterationScheduler:
           (many chats beside near-context prompts) runs on: giving it up
           costs each of them the part done, and the chats then wait for that
           CPU."""
-        if not self.config.yield_to_chats or their_turn:
+        if not self.config.yield_to_chats or their_turn or not chunks:
             return False
-        batch = 0
+        batch = step_tokens = 0
+        largest = chunks[0]  # only the largest chunk can hold more than the rest
         for chunk in chunks:
             batch += self._sequences[chunk.request_id].request.service_class is ServiceClass.BATCH
+            step_tokens += len(chunk.token_ids)
+            if len(chunk.token_ids) > len(largest.token_ids):
+                largest = chunk
         if batch > len(chunks) - batch:
             return True
-        step_tokens = sum(len(chunk.token_ids) for chunk in chunks)
-        for chunk in chunks:
-            sequence = self._sequences[chunk.request_id]
-            tokens = len(chunk.token_ids)
-            if tokens > step_tokens - tokens and sequence.is_long_prefilling and self._others_chatting(sequence):
-                return True
-        return False
+        tokens = len(largest.token_ids)
+        sequence = self._sequences[largest.request_id]
+        return tokens > step_tokens - tokens and sequence.is_long_prefilling and self._others_chatting(sequence)
 
     def _interactive_live(self, now_s: float) -> bool:
         """Interactive work is resident or waiting, or arrived within

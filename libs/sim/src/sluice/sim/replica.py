@@ -5,7 +5,8 @@ BlockManager, with the cost model's step time in place of a model forward.
     start_step(now) -> s | None  schedule() one step; its cost-model duration
     finish_step(now) -> outputs  update() with one sampled token per sampling chunk
     yield_at(now) -> s | None    where the step under way gives way to a chat
-                                 arriving now (SchedulerConfig.yield_to_chats)
+                                 arriving now, marked to be given up there
+                                 (SchedulerConfig.yield_to_chats)
     abandon_step(now)            give it up there
     view(now)                  the ReplicaView its state report would give
 
@@ -95,16 +96,20 @@ class SimReplica:
         return duration_s
 
     def yield_at(self, now_s: float) -> float | None:
-        """Where the step under way is given up for a chat added at `now_s`:
-        the next check between layers, or None (its plan does not yield, it
-        is already to be given up, or no check is left before its end)."""
+        """Where the step under way is given up for a chat added at `now_s`
+        (the next check between layers; the step is then to be given up
+        there), or None: its plan does not yield, it is already to be given
+        up, or no check is left before its end."""
         plan = self.plan
         if plan is None or not plan.yields_to_chats or self.yield_pending or self.step_segments < 2:
             return None
         segment_s = (self.busy_until_s - self.step_started_s) / self.step_segments
         # Checks at the start of each segment; the one at the step's start has passed.
         k = max(1, math.ceil((now_s - self.step_started_s) / segment_s))
-        return self.step_started_s + k * segment_s if k < self.step_segments else None
+        if k >= self.step_segments:
+            return None
+        self.yield_pending = True
+        return self.step_started_s + k * segment_s
 
     def abandon_step(self, now_s: float) -> None:
         """Give the step under way up at `now_s` (its work is planned again)."""

@@ -247,7 +247,6 @@ class Simulation:
         elif replica.core.config.is_chat(engine_request):
             yield_s = replica.yield_at(now_s)
             if yield_s is not None:
-                replica.yield_pending = True
                 self._push(yield_s, YIELD, replica.index)
 
     # -- the replicas' engine loops ----------------------------------------------
