@@ -118,6 +118,17 @@ def test_service_time_estimate_priors_and_smoothing():
     assert estimate.per_output_token_s() == pytest.approx(0.1 + 0.1 * (0.2 - 0.1))
 
 
+def test_a_sample_from_a_part_full_replica_counts_in_proportion():
+    estimate = ServiceTimeEstimate()
+    estimate.observe_decode(10.0, 100, occupancy=0.5)  # the first sample is the estimate, whatever its weight
+    estimate.observe_decode(2.0, 100, occupancy=0.25)
+    assert estimate.per_output_token_s() == pytest.approx(0.1 + 0.1 * 0.25 * (0.02 - 0.1))
+    estimate.observe_decode(2.0, 100, occupancy=0.0)  # an empty replica's pace says nothing of a full one's
+    estimate.observe_decode(2.0, 100, occupancy=3.0)  # clamped to a full replica
+    assert estimate.per_output_token_s() == pytest.approx(0.098 + 0.1 * (0.02 - 0.098))
+    assert estimate.output_tokens == pytest.approx(100.0)  # lengths count whatever the occupancy
+
+
 def test_mean_service_time_comes_from_measured_output_lengths():
     estimate = ServiceTimeEstimate()
     assert estimate.mean_service_s(512) == pytest.approx(0.2 + 512 * 0.05)  # nothing finished yet

@@ -170,6 +170,31 @@ def test_advice_is_stretched_by_how_late_the_pool_s_requests_ran():
     assert answer.retry_after_s == pytest.approx(1.5 * delay_s - (1 - RETRY_SLO_MARGIN) * 2.0)
 
 
+def test_the_stragglers_that_end_a_burst_barely_move_the_per_token_estimate():
+    """A full wave runs at 0.1 s a token; the one request after it runs
+    alone on the replica (a tenth of its KV) at 0.02 s. Its sample counts a
+    tenth as much: the next full pool is predicted at about the full pool's
+    pace, not one pulled towards a near-empty replica's."""
+    scheduler = make_scheduler()
+    scheduler.observe_replica(make_view(seen_at_s=0.0))
+    enqueue_all(scheduler, [make_ask(f"w{i}", tenant=f"t{i}") for i in range(10)])  # 10 x 10 of 100 blocks
+    wave = list(dispatched(scheduler.schedule(0.0)))
+    assert len(wave) == 10
+    for grant in wave:
+        scheduler.started(grant, 0.0)
+    for grant in wave:
+        scheduler.release(grant, 200, 20.0)  # 0.1 s a token
+    scheduler.observe_replica(make_view(seen_at_s=20.0))
+    enqueue_all(scheduler, [make_ask("straggler")], 20.0)
+    (grant,) = dispatched(scheduler.schedule(20.0))
+    scheduler.started(grant, 20.0)
+    scheduler.release(grant, 200, 24.0)  # 0.02 s a token, at a tenth of the replica
+    scheduler.observe_replica(make_view(seen_at_s=24.0))
+    enqueue_all(scheduler, [make_ask("next")], 24.0)
+    (grant,) = dispatched(scheduler.schedule(24.0))
+    assert scheduler.ledger.get(grant).predicted_per_token_s == pytest.approx(0.1 + 0.1 * 0.1 * (0.02 - 0.1))
+
+
 def test_an_overloaded_pool_s_advice_aims_inside_the_tighter_bound_of_its_rejecting_stage():
     """A capacity refusal means overload; the rejecting stage will refuse a
     retry whose start is more than `reject_predicted_start_s` away."""

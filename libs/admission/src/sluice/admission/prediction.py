@@ -219,7 +219,18 @@ class ServiceTimeEstimate:
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _smooth(self.first_token_s, max(seconds, 0.0), self.smoothing)
 
-    def observe_decode(self, seconds: float, output_tokens: int, output_bound_tokens: int = 0) -> None:
+    def observe_decode(self, seconds: float, output_tokens: int, output_bound_tokens: int = 0,
+                       occupancy: float = 1.0) -> None:
+        """A request finished: `seconds` from its first token, on a replica
+        `occupancy` full (0-1, the larger of its seat and KV shares held,
+        the request included) as it ended.
+
+        The per-token sample counts in proportion to `occupancy`: a
+        prediction matters when the pool is full, and a full replica's step
+        is slower than one running the few stragglers that end a burst.
+        Weighted equally, those stragglers (the last to finish, so the
+        freshest samples) pulled the estimate down by ~15% just before the
+        next burst arrived, and its retries were told to come back early."""
         seconds = max(seconds, 0.0)  # a clock read out of order must not make time negative
         self.output_tokens = _smooth(self.output_tokens, float(output_tokens), self.smoothing)
         if output_bound_tokens > 0:
@@ -227,7 +238,8 @@ class ServiceTimeEstimate:
             self.output_fraction = _smooth(self.output_fraction, fraction, self.smoothing)
         if output_tokens > 0:
             per_token = seconds / output_tokens
-            self.seconds_per_output_token = _smooth(self.seconds_per_output_token, per_token, self.smoothing)
+            weight = self.smoothing * min(max(occupancy, 0.0), 1.0)
+            self.seconds_per_output_token = _smooth(self.seconds_per_output_token, per_token, weight)
 
     def per_output_token_s(self, reported_step_time_s: float = 0.0) -> float:
         """Never less than the replicas' reported step time: a sequence gets

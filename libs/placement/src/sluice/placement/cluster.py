@@ -263,11 +263,23 @@ class ClusterScheduler:
         counters.settle_release(reservation.tenant, reservation.output_tokens, output_tokens)
         if reservation.started_at_s is not None:
             estimate = self._service[reservation.model_version]
-            estimate.observe_decode(now_s - reservation.started_at_s, output_tokens, reservation.output_tokens)
+            estimate.observe_decode(now_s - reservation.started_at_s, output_tokens, reservation.output_tokens,
+                                    self._occupancy(reservation))
             if not reservation.is_long:  # a long prompt's first token is the lane's estimate, not this one
                 predicted_s = reservation.predicted_first_token_s + output_tokens * reservation.predicted_per_token_s
                 estimate.observe_lateness(now_s - reservation.granted_at_s, predicted_s, output_tokens)
         return True
+
+    def _occupancy(self, released: Reservation) -> float:
+        """How full `released`'s replica was as it ended (itself included):
+        the larger of its seat and KV shares. 1.0 when the replica is gone."""
+        view = self._views.get(released.replica_id)
+        if view is None:
+            return 1.0
+        held = self.ledger.holding(released.replica_id)
+        seats = (held.total_seats + 1) / seats_of(view)
+        blocks = (held.total_kv_blocks + released.kv_blocks) / max(view.total_kv_blocks, 1)
+        return max(seats, blocks)
 
     def drop_owner(self, owner: str) -> int:
         """A router stream broke: everything it queued or held goes."""
