@@ -185,7 +185,9 @@ def print_calibration(found: calibration.Calibration) -> None:
     print(f"  fitted {fit['flops_per_s'] / 1e9:.1f} GFLOP/s, {fit['bytes_per_s'] / 1e9:.1f} GB/s, step overhead "
           f"{eff.step_overhead_s * 1e3:.2f} ms (as {hw.name}: compute {eff.compute:.3f} of "
           f"{hw.peak_flops_per_s / 1e9:.0f} GFLOP/s, bandwidth {eff.bandwidth:.3f} of "
-          f"{hw.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s)")
+          f"{hw.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s); attention "
+          f"{fit.get('attention_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s, "
+          f"{eff.sequence_overhead_s * 1e3:.3f} ms per sequence")
     print(f"  fit error over {len(found.shapes)} step shapes: median {fit['median_relative_error']:.1%}, "
           f"p90 {fit['p90_relative_error']:.1%}, max {fit['max_relative_error']:.1%}")
 

@@ -30,11 +30,16 @@ def synthetic_timings(hardware=CPU, efficiency=Efficiency(compute=0.3, bandwidth
 
 
 def test_the_fit_recovers_known_efficiencies_from_synthetic_timings():
-    known = Efficiency(compute=0.3, bandwidth=0.6, step_overhead_s=0.002)
+    """Attention at a third of the linears' rate and a cost per sequence,
+    as a CPU measures them: all five terms come back."""
+    known = Efficiency(compute=0.3, bandwidth=0.6, step_overhead_s=0.002, attention_compute=0.1,
+                       sequence_overhead_s=0.0001)
     fit = fit_efficiency(synthetic_timings(efficiency=known), TINY, "cpu", "float32")
     assert fit.efficiency.compute == pytest.approx(known.compute, rel=0.01)
     assert fit.efficiency.bandwidth == pytest.approx(known.bandwidth, rel=0.01)
     assert fit.efficiency.step_overhead_s == pytest.approx(known.step_overhead_s, rel=0.01)
+    assert fit.efficiency.attention_compute == pytest.approx(known.attention_compute, rel=0.01)
+    assert fit.efficiency.sequence_overhead_s == pytest.approx(known.sequence_overhead_s, rel=0.02)
     # Within the preset's peaks, so they are kept.
     assert (fit.hardware.peak_flops_per_s, fit.hardware.hbm_bandwidth_bytes_per_s) == (
         CPU.peak_flops_per_s, CPU.hbm_bandwidth_bytes_per_s)
@@ -56,9 +61,9 @@ def test_a_rate_over_the_presets_peak_becomes_the_peak_at_full_efficiency():
         assert calibrated.step_time_s(timing.shape) == pytest.approx(timing.seconds, rel=0.01)
 
 
-def test_the_fit_needs_three_timings():
-    with pytest.raises(ValueError, match="at least 3"):
-        fit_efficiency(synthetic_timings()[:2], TINY)
+def test_the_fit_needs_five_timings():
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_efficiency(synthetic_timings()[:4], TINY)
 
 
 def test_a_grid_point_needs_work_and_the_default_grid_spans_the_brief():
@@ -157,12 +162,13 @@ def test_calibrating_random_weights_records_them_and_a_gpu_run_needs_its_preset(
     from sluice.sim.calibrate_cli import main
 
     grid = (GridPoint(decodes=2, decode_context_tokens=16), GridPoint(prefill_tokens=16, prefill_depth_tokens=0),
-            GridPoint(decodes=4, decode_context_tokens=32))
+            GridPoint(decodes=4, decode_context_tokens=32), GridPoint(prefill_tokens=32, prefill_depth_tokens=16),
+            GridPoint(decodes=1, decode_context_tokens=48))
     from sluice.sim.calibrate import calibrate
 
     _, _, document = calibrate(None, TINY, grid=grid, repetitions=1, passes=1)
     assert document["host"]["weights"] == "random" and document["host"]["device"] == "cpu"
-    assert document["model"] == TINY.name and len(document["shapes"]) == 3
+    assert document["model"] == TINY.name and len(document["shapes"]) == 5
     # On a GPU the CPU preset's peaks would make the fit meaningless (and the
     # file would be taken for this machine's CPU calibration): refused at once.
     assert main(["--device", "cuda", "--random-weights", "llama-3-8b"]) == 2

@@ -127,6 +127,26 @@ def test_a_large_prefill_is_compute_bound_and_a_small_decode_bandwidth_bound():
     assert decode.linear_s == pytest.approx(32 * LLAMA_3_8B_LAYER_BYTES_BF16 / (4.8e12 * 0.8))
 
 
+def test_attention_can_have_its_own_efficiency_and_each_sequence_a_cost():
+    """A CPU's calibration: attention at a fifth of peak beside linears at
+    half, and 0.1 ms per sequence on top of the step's own overhead."""
+    base = Efficiency(step_overhead_s=0.001)
+    cpu_like = replace(base, attention_compute=0.1, sequence_overhead_s=0.0001)
+    prefill = StepShape.of([(4096, 0)])  # compute-bound attention: 4096 x 4097 / 2 pairs
+    pairs = 4096 * 4097 // 2
+    attention_s = make_cost_model(efficiency=cpu_like).step_breakdown(prefill).attention_s
+    assert attention_s == pytest.approx(32 * 4 * 4096 * pairs / (989e12 * 0.1))
+    assert attention_s == pytest.approx(5 * make_cost_model(efficiency=base).step_breakdown(prefill).attention_s)
+    shape = StepShape.of(decodes(64, 1000))
+    plain, calibrated = (make_cost_model(efficiency=e).step_breakdown(shape) for e in (base, cpu_like))
+    assert calibrated.overhead_s == pytest.approx(0.001 + 64 * 0.0001)
+    assert calibrated.linear_s == plain.linear_s
+    with pytest.raises(ValueError, match="attention_compute"):
+        Efficiency(attention_compute=1.5)
+    with pytest.raises(ValueError, match="sequence_overhead_s"):
+        Efficiency(sequence_overhead_s=-0.001)
+
+
 def test_the_breakdown_sums_to_the_step_time():
     cost = make_cost_model(H200, LLAMA_3_70B, tp=8)
     shape = StepShape.of([*decodes(64, 1500), (512, 2048)])
@@ -203,6 +223,8 @@ efficiencies = st.builds(
     bandwidth=st.floats(0.01, 1.0),
     link=st.floats(0.01, 1.0),
     step_overhead_s=st.floats(0.0, 0.01),
+    attention_compute=st.none() | st.floats(0.01, 1.0),
+    sequence_overhead_s=st.floats(0.0, 0.001),
 )
 configurations = st.sampled_from([
     (H100, LLAMA_3_8B, 1), (H200, LLAMA_3_8B, 2), (H200, LLAMA_3_70B, 8), (H100, LLAMA_3_70B, 4),

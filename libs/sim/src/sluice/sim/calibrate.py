@@ -9,8 +9,8 @@
              state a grid point needs by untimed "dry" steps that run the
              scheduler with a made-up sampled token instead of the model
              (the KV they leave is stale, which no kernel's speed depends on).
-    fit      Efficiency(compute, bandwidth, step_overhead_s) of the cost
-             model by least squares on log(step time): steps run from ~2 ms
+    fit      Efficiency(compute, bandwidth, step_overhead_s, attention_compute,
+             sequence_overhead_s) of the cost model by least squares on log(step time): steps run from ~2 ms
              to ~150 ms here, and an absolute loss would fit only the long
              ones. `link` is unused at tp = 1 and kept at its default.
     write    a JSON file (`write_calibration`); `load_calibration(path)`
@@ -412,6 +412,7 @@ class Fit:
     bytes_per_s: float
     fitted_s: tuple[float, ...]  # per timing, in order
     relative_errors: tuple[float, ...]  # (fitted - measured) / measured
+    attention_flops_per_s: float = 0.0  # 0 = the linears' rate
 
     @property
     def median_relative_error(self) -> float:
@@ -422,20 +423,36 @@ class Fit:
         return max(abs(e) for e in self.relative_errors)
 
 
-def _rate_model(base: Hardware, model: ModelSpec, dtype: str, flops_per_s: float, bytes_per_s: float,
-                overhead_s: float) -> CostModel:
-    hardware = replace(base, peak_flops_per_s=flops_per_s, hbm_bandwidth_bytes_per_s=bytes_per_s)
-    efficiency = Efficiency(compute=1.0, bandwidth=1.0, link=Efficiency().link, step_overhead_s=overhead_s)
+class Rates(NamedTuple):
+    """What the fit finds: achievable rates and fixed costs."""
+
+    flops_per_s: float  # the linears and the lm head
+    bytes_per_s: float
+    overhead_s: float  # per step
+    attention_flops_per_s: float
+    sequence_overhead_s: float  # per sequence in a step
+
+
+def _rate_model(base: Hardware, model: ModelSpec, dtype: str, rates: Rates) -> CostModel:
+    peak = max(rates.flops_per_s, rates.attention_flops_per_s)
+    hardware = replace(base, peak_flops_per_s=peak, hbm_bandwidth_bytes_per_s=rates.bytes_per_s)
+    efficiency = Efficiency(compute=rates.flops_per_s / peak, bandwidth=1.0, link=Efficiency().link,
+                            step_overhead_s=rates.overhead_s, attention_compute=rates.attention_flops_per_s / peak,
+                            sequence_overhead_s=rates.sequence_overhead_s)
     return CostModel(hardware, model, tp=1, dtype=dtype, efficiency=efficiency)
 
 
 def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardware | str = "cpu",
                    dtype: str = "fp32") -> Fit:
-    """Least squares on log step time over (log FLOP/s, log bytes/s, log
-    overhead): Nelder-Mead from the best few of a coarse grid of starts (the
-    roofline's max() makes the loss kinked, so no gradients)."""
-    if len(timings) < 3:
-        raise ValueError(f"a fit of 3 terms needs at least 3 timings, got {len(timings)}")
+    """Least squares on log step time over the logs of the five `Rates`:
+    Nelder-Mead from the best few of a coarse grid of starts (the roofline's
+    max() makes the loss kinked, so no gradients). Attention gets a compute
+    rate of its own, and each sequence a fixed cost: with one rate for both
+    and no per-sequence term, a CPU's fit erred by a median 14% (max 32%),
+    short of the linears' speed on long prefills and of deep or many decodes'
+    cost."""
+    if len(timings) < 5:
+        raise ValueError(f"a fit of 5 terms needs at least 5 timings, got {len(timings)}")
     base = hardware_by_name(base) if isinstance(base, str) else base
     shapes = [t.shape for t in timings]
     log_measured = [math.log(t.seconds) for t in timings]
@@ -443,31 +460,36 @@ def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardwa
     def loss(x: Sequence[float]) -> float:
         if not all(-40.0 < v < 40.0 for v in x):
             return math.inf
-        cost = _rate_model(base, model, dtype, math.exp(x[0]), math.exp(x[1]), math.exp(x[2]))
+        cost = _rate_model(base, model, dtype, Rates(*(math.exp(v) for v in x)))
         return sum((math.log(cost.step_time_s(s)) - m) ** 2 for s, m in zip(shapes, log_measured))
 
     fastest_s = min(t.seconds for t in timings)
-    starts = [(math.log(f), math.log(b), math.log(fastest_s * o))
-              for f in (1e9, 1e10, 1e11, 1e12, 1e13) for b in (1e9, 1e10, 1e11, 1e12) for o in (0.1, 0.5)]
+    starts = [(math.log(f), math.log(b), math.log(fastest_s * o), math.log(f * a), math.log(fastest_s * q))
+              for f in (1e9, 1e10, 1e11, 1e12, 1e13) for b in (1e9, 1e10, 1e11, 1e12) for o in (0.1, 0.5)
+              for a in (0.1, 1.0) for q in (0.001, 0.03)]
     best = min((_nelder_mead(loss, start) for start in sorted(starts, key=loss)[:4]), key=lambda r: r[1])
     best = _nelder_mead(loss, best[0], step=0.1)  # a restart: Nelder-Mead can stall on a kink
-    flops_per_s, bytes_per_s, overhead_s = (math.exp(v) for v in best[0])
-    fitted = _rate_model(base, model, dtype, flops_per_s, bytes_per_s, overhead_s)
+    rates = Rates(*(math.exp(v) for v in best[0]))
+    fitted = _rate_model(base, model, dtype, rates)
     fitted_s = tuple(fitted.step_time_s(s) for s in shapes)
     errors = tuple((f - t.seconds) / t.seconds for f, t in zip(fitted_s, timings))
-    hardware, efficiency = express(base, flops_per_s, bytes_per_s, overhead_s)
-    return Fit(hardware, efficiency, flops_per_s, bytes_per_s, fitted_s, errors)
+    hardware, efficiency = express(base, rates)
+    return Fit(hardware, efficiency, rates.flops_per_s, rates.bytes_per_s, fitted_s, errors,
+               rates.attention_flops_per_s)
 
 
-def express(base: Hardware, flops_per_s: float, bytes_per_s: float, overhead_s: float) -> tuple[Hardware, Efficiency]:
+def express(base: Hardware, rates: Rates) -> tuple[Hardware, Efficiency]:
     """Achievable rates as peaks and efficiencies in (0, 1]: the preset's
-    peak where the rate is within it, else the rate itself at 1.0."""
-    compute = min(flops_per_s / base.peak_flops_per_s, 1.0)
-    bandwidth = min(bytes_per_s / base.hbm_bandwidth_bytes_per_s, 1.0)
-    hardware = replace(base, name=f"{base.name}-calibrated",
-                       peak_flops_per_s=max(base.peak_flops_per_s, flops_per_s),
-                       hbm_bandwidth_bytes_per_s=max(base.hbm_bandwidth_bytes_per_s, bytes_per_s))
-    return hardware, Efficiency(compute=compute, bandwidth=bandwidth, step_overhead_s=overhead_s)
+    peak where the rates are within it, else the fastest rate at 1.0."""
+    peak_flops_per_s = max(base.peak_flops_per_s, rates.flops_per_s, rates.attention_flops_per_s)
+    peak_bytes_per_s = max(base.hbm_bandwidth_bytes_per_s, rates.bytes_per_s)
+    hardware = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak_flops_per_s,
+                       hbm_bandwidth_bytes_per_s=peak_bytes_per_s)
+    return hardware, Efficiency(
+        compute=rates.flops_per_s / peak_flops_per_s, bandwidth=rates.bytes_per_s / peak_bytes_per_s,
+        step_overhead_s=rates.overhead_s, attention_compute=rates.attention_flops_per_s / peak_flops_per_s,
+        sequence_overhead_s=rates.sequence_overhead_s,
+    )
 
 
 def _nelder_mead(f: Callable[[Sequence[float]], float], start: Sequence[float], step: float = 1.0,
@@ -599,6 +621,8 @@ def calibration_document(timings: Sequence[StepTiming], fit: Fit, *, model: str,
             "flops_per_s": fit.flops_per_s,
             "bytes_per_s": fit.bytes_per_s,
             "step_overhead_s": fit.efficiency.step_overhead_s,
+            "attention_flops_per_s": fit.attention_flops_per_s or fit.flops_per_s,
+            "sequence_overhead_s": fit.efficiency.sequence_overhead_s,
             "median_relative_error": fit.median_relative_error,
             "p90_relative_error": errors[min(len(errors) - 1, math.ceil(0.9 * len(errors)) - 1)],
             "max_relative_error": fit.max_relative_error,

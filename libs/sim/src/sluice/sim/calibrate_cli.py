@@ -128,7 +128,9 @@ def print_calibration(document: dict) -> None:
               f"{shape['fitted_s'] * 1e3:>10.2f} {shape['relative_error']:>+8.1%}")
     hardware, efficiency = document["hardware"], document["efficiency"]
     print(f"fitted: {fit['flops_per_s'] / 1e9:.1f} GFLOP/s, {fit['bytes_per_s'] / 1e9:.1f} GB/s, "
-          f"step overhead {fit['step_overhead_s'] * 1e3:.2f} ms")
+          f"step overhead {fit['step_overhead_s'] * 1e3:.2f} ms; attention "
+          f"{fit.get('attention_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s, "
+          f"{fit.get('sequence_overhead_s', 0.0) * 1e3:.3f} ms per sequence")
     print(f"as {hardware['name']}: peak {hardware['peak_flops_per_s'] / 1e9:.1f} GFLOP/s x compute "
           f"{efficiency['compute']:.3f}, {hardware['hbm_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s x bandwidth "
           f"{efficiency['bandwidth']:.3f}")

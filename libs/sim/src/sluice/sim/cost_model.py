@@ -9,12 +9,17 @@ layers are identical, so a layer is costed once and multiplied.
     per layer, per GPU of a tensor-parallel group of tp:
       linears    max(2 x linear params x tokens / tp          / (peak x compute eff),
                      layer weights / tp                       / (bandwidth x bw eff))
-      attention  max(4 x heads x head_dim x attended pairs / tp / (peak x compute eff),
+      attention  max(4 x heads x head_dim x attended pairs / tp / (peak x attention eff),
                      KV bytes read and written                  / (bandwidth x bw eff))
       all-reduce 2 x ring(tokens x hidden x activation bytes)           (tp > 1 only)
     once:
       lm head    max(2 x hidden x vocab x sequences / tp / (...), head weights / tp / (...))
       overhead   step_overhead_s (launches, sampling, the scheduler's own turn)
+                 + sequence_overhead_s x sequences (0 unless calibrated)
+
+The attention efficiency is the compute efficiency unless set apart (a CPU
+calibration fits it apart: there attention runs at a fraction of the
+GEMMs' FLOP/s).
 
 Linears and attention are separate kernels, so each is bound by its own
 resource: a mixed step's linears are compute-bound by the prefill chunk while
@@ -92,16 +97,27 @@ class Efficiency:
     link: float = 0.7
     # Kernel launches, sampling, input preparation and scheduling per step.
     step_overhead_s: float = 0.0015
+    # Attention's own compute efficiency (its Q.K^T and P.V); None = `compute`.
+    # A CPU's attention kernel runs at a fraction of its GEMMs' FLOP/s (short
+    # dot products over scattered KV blocks); a calibration fits it apart.
+    attention_compute: float | None = None
+    # Per sequence in a step: its share of input preparation, the attention
+    # call over its blocks, sampling and the output it hands back. 0 in the
+    # GPU presets (batched there); a CPU calibration measures ~0.1 ms.
+    sequence_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for field_name in ("compute", "bandwidth", "link"):
+        for field_name in ("compute", "bandwidth", "link", "attention_compute"):
             value = getattr(self, field_name)
+            if value is None and field_name == "attention_compute":
+                continue
             if not 0 < value <= 1:
                 # Above 1 means the hardware's peak is understated: raise the peak instead,
                 # or no step would respect the roofline.
                 raise ValueError(f"efficiency {field_name} must be in (0, 1], got {value}")
-        if self.step_overhead_s < 0:
-            raise ValueError(f"step_overhead_s must be >= 0, got {self.step_overhead_s}")
+        if self.step_overhead_s < 0 or self.sequence_overhead_s < 0:
+            raise ValueError(f"step_overhead_s and sequence_overhead_s must be >= 0, got {self.step_overhead_s}, "
+                             f"{self.sequence_overhead_s}")
 
 
 PEAK = Efficiency(compute=1.0, bandwidth=1.0, link=1.0, step_overhead_s=0.0)
@@ -135,6 +151,7 @@ class _StepRates(NamedTuple):
     all_reduce_s_per_token: float  # all layers
     all_reduce_fixed_s: float  # all layers: the hops' latency
     overhead_s: float
+    overhead_s_per_sequence: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +214,8 @@ class CostModel:
     def _step_rates(self, efficiency: Efficiency) -> _StepRates:
         model, tp = self.model, self.tp
         flops_per_s = self.hardware.peak_flops_per_s * efficiency.compute
+        attention_compute = efficiency.compute if efficiency.attention_compute is None else efficiency.attention_compute
+        attention_flops_per_s = self.hardware.peak_flops_per_s * attention_compute
         bytes_per_s = self.hardware.hbm_bandwidth_bytes_per_s * efficiency.bandwidth
         weight_bytes = dtype_bytes(self.dtype)
         norm_params = 2 * model.hidden_size
@@ -217,13 +236,14 @@ class CostModel:
         return _StepRates(
             linear_s_per_token=2 * linear_params / tp / flops_per_s,
             layer_weights_s=model.parameters_per_layer() * weight_bytes / tp / bytes_per_s,
-            attention_s_per_pair=4 * model.q_dim / tp / flops_per_s,
+            attention_s_per_pair=4 * model.q_dim / tp / attention_flops_per_s,
             kv_s_per_token_moved=kv_bytes_per_token_per_layer / bytes_per_s,
             lm_head_s_per_sequence=2 * model.lm_head_parameters() / tp / flops_per_s,
             lm_head_weights_s=head_params * weight_bytes / tp / bytes_per_s,
             all_reduce_s_per_token=all_reduce_s_per_token,
             all_reduce_fixed_s=all_reduce_fixed_s,
             overhead_s=efficiency.step_overhead_s,
+            overhead_s_per_sequence=efficiency.sequence_overhead_s,
         )
 
     def step_time_s(self, shape: StepShape) -> float:
@@ -247,7 +267,7 @@ class CostModel:
             attention_s=layers * max(pairs * rates.attention_s_per_pair, kv_moved * rates.kv_s_per_token_moved),
             lm_head_s=max(len(shape.chunks) * rates.lm_head_s_per_sequence, rates.lm_head_weights_s),
             all_reduce_s=tokens * rates.all_reduce_s_per_token + rates.all_reduce_fixed_s,
-            overhead_s=rates.overhead_s,
+            overhead_s=rates.overhead_s + len(shape.chunks) * rates.overhead_s_per_sequence,
         )
 
     def linear_flops(self, num_tokens: int) -> float:
@@ -323,7 +343,7 @@ def _step_time_s(rates: _StepRates, num_layers: int, chunks: tuple[tuple[int, in
     if not chunks:
         return 0.0
     (linear_s_per_token, layer_weights_s, attention_s_per_pair, kv_s_per_token_moved, lm_head_s_per_sequence,
-     lm_head_weights_s, all_reduce_s_per_token, all_reduce_fixed_s, overhead_s) = rates
+     lm_head_weights_s, all_reduce_s_per_token, all_reduce_fixed_s, overhead_s, overhead_s_per_sequence) = rates
     # One pass. Twice the pairs, so it stays an integer: sum of n x (2c + n + 1).
     tokens = context = double_pairs = 0
     for num_tokens, context_before_tokens in chunks:
@@ -341,4 +361,5 @@ def _step_time_s(rates: _StepRates, num_layers: int, chunks: tuple[tuple[int, in
     if lm_head_s < lm_head_weights_s:
         lm_head_s = lm_head_weights_s
     return (num_layers * (linear_s + attention_s) + lm_head_s
-            + tokens * all_reduce_s_per_token + all_reduce_fixed_s + overhead_s)
+            + tokens * all_reduce_s_per_token + all_reduce_fixed_s + overhead_s
+            + len(chunks) * overhead_s_per_sequence)
