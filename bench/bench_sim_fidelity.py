@@ -305,22 +305,33 @@ class Simulator:
                    for r in results.records if r.outcome == "finished"]
         return Emitted(streams, len(results.records) - len(streams), results.steps)
 
-    def figures(self, emitted: Emitted, terms: StackTerms) -> dict:
-        """Client-side figures: each token delayed by an exponential draw of
-        mean `delivery_s` (seeded per request), never overtaking the one before."""
-        ttfts, gaps, output_tokens, end_s = [], [], 0, 0.0
+    def delivered(self, emitted: Emitted, terms: StackTerms):
+        """Per stream as the client sees it: (request id, arrival, token
+        times), each token delayed by an exponential draw of mean
+        `delivery_s` (seeded per request), never overtaking the one before,
+        and all by the way in (`request_s`)."""
         for request_id, arrival_s, times in emitted.streams:
             rng = random.Random(f"{self.seed}:{request_id}")
             delivered, last = [], 0.0
             for t in times:
                 last = max(last, t + (rng.expovariate(1 / terms.delivery_s) if terms.delivery_s > 0 else 0.0))
-                delivered.append(last)
-            ttfts.append(delivered[0] - arrival_s + terms.request_s)
+                delivered.append(last + terms.request_s)
+            yield request_id, arrival_s, delivered
+
+    def figures(self, emitted: Emitted, terms: StackTerms) -> dict:
+        ttfts, gaps, output_tokens, end_s = [], [], 0, 0.0
+        for _, arrival_s, delivered in self.delivered(emitted, terms):
+            ttfts.append(delivered[0] - arrival_s)
             gaps.extend(b - a for a, b in zip(delivered, delivered[1:]))
-            output_tokens += len(times)
-            end_s = max(end_s, delivered[-1] + terms.request_s)
+            output_tokens += len(delivered)
+            end_s = max(end_s, delivered[-1])
         return figures(output_tokens=output_tokens, end_s=end_s, ttfts_s=ttfts, gaps_s=gaps,
                        served=len(emitted.streams), refused=emitted.refused, steps=emitted.steps)
+
+    def ttfts_s(self, requests: list[SimRequest], terms: StackTerms) -> dict[str, float]:
+        emitted = self.emit(requests, terms.step_s)
+        return {request_id: delivered[0] - arrival_s
+                for request_id, arrival_s, delivered in self.delivered(emitted, terms)}
 
     def run(self, requests: list[SimRequest], terms: StackTerms = StackTerms()) -> dict:
         return self.figures(self.emit(requests, terms.step_s), terms)
@@ -515,6 +526,25 @@ def relative_error(sim: float, real: float) -> float:
     return (sim - real) / real if real and not math.isnan(real) and not math.isnan(sim) else math.nan
 
 
+PROMPT_BUCKETS = ((0, 128), (128, 512), (512, 1 << 30))
+
+
+def print_ttft_by_prompt(records: list[RequestRecord], requests: list[SimRequest], simulated: dict[str, float]) -> None:
+    """Where the TTFT error lies: short prompts wait for others' steps (queueing), long ones for their
+    own chunks (the prefill's cost)."""
+    print("  TTFT by prompt tokens (real vs sim +stack, ms):")
+    for low, high in PROMPT_BUCKETS:
+        pairs = [(record.ttft_s, simulated[request.request_id]) for record, request in zip(records, requests)
+                 if low <= request.prompt_tokens < high and record.ttft_s is not None
+                 and request.request_id in simulated]
+        if not pairs:
+            continue
+        real, sim = (percentiles([pair[side] for pair in pairs], (50, 90)) for side in (0, 1))
+        label = f"{low}-{high - 1}" if high < 1 << 30 else f"{low}+"
+        print(f"    {label:>9}: {len(pairs):>5} requests; p50 {real['p50'] * 1e3:6.1f} vs {sim['p50'] * 1e3:6.1f}, "
+              f"p90 {real['p90'] * 1e3:6.1f} vs {sim['p90'] * 1e3:6.1f}")
+
+
 def print_side_by_side(name: str, real: dict, engine_only: dict, with_terms: dict) -> dict[str, float]:
     print(f"{name}: real served {real['served']} (refused/failed {real['refused']}), engine steps "
           f"{real['steps']}; sim served {with_terms['served']} (refused {with_terms['refused']}), steps "
@@ -618,6 +648,7 @@ async def main() -> int:
         errors[name] = print_side_by_side(f"{name} slice" + (" (in-sample for the stack terms)" if name == "fit"
                                                               else ""), results[name]["real"],
                                           results[name]["engine"], results[name]["stack"])
+        print_ttft_by_prompt(replays[name][0], requests[name], simulator.ttfts_s(requests[name], terms))
     worst = max(abs(e) if not math.isnan(e) else math.inf for e in errors["validation"].values())
     print(verdict(None if math.isinf(worst) else worst <= TOLERANCE,
                   f"validation slice, simulator with stack terms: every figure within {TOLERANCE:.0%} of the "
