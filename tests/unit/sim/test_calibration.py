@@ -40,6 +40,16 @@ def test_the_fit_recovers_known_efficiencies_from_synthetic_timings():
     assert fit.efficiency.step_overhead_s == pytest.approx(known.step_overhead_s, rel=0.01)
     assert fit.efficiency.attention_compute == pytest.approx(known.attention_compute, rel=0.01)
     assert fit.efficiency.sequence_overhead_s == pytest.approx(known.sequence_overhead_s, rel=0.02)
+    assert fit.efficiency.attention_overlaps_kv
+
+
+def test_the_fit_tells_a_kernel_that_adds_its_kv_reads_from_one_that_hides_them():
+    known = Efficiency(compute=0.3, bandwidth=0.6, step_overhead_s=0.002, attention_compute=0.1,
+                       sequence_overhead_s=0.0001, attention_overlaps_kv=False)
+    fit = fit_efficiency(synthetic_timings(efficiency=known), TINY, "cpu", "float32")
+    assert not fit.efficiency.attention_overlaps_kv
+    assert fit.efficiency.attention_compute == pytest.approx(known.attention_compute, rel=0.01)
+    assert fit.max_relative_error < 0.01
     # Within the preset's peaks, so they are kept.
     assert (fit.hardware.peak_flops_per_s, fit.hardware.hbm_bandwidth_bytes_per_s) == (
         CPU.peak_flops_per_s, CPU.hbm_bandwidth_bytes_per_s)

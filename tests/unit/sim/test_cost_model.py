@@ -147,6 +147,18 @@ def test_attention_can_have_its_own_efficiency_and_each_sequence_a_cost():
         Efficiency(sequence_overhead_s=-0.001)
 
 
+def test_a_kernel_that_waits_for_its_kv_adds_the_reads_to_the_arithmetic():
+    shape = StepShape.of(decodes(64, 4000))  # decodes: bandwidth-bound attention
+    overlapped = make_cost_model(efficiency=Efficiency()).step_breakdown(shape)
+    waiting = make_cost_model(efficiency=Efficiency(attention_overlaps_kv=False)).step_breakdown(shape)
+    pairs, kv_moved = 64 * 4001, 64 * (4000 + 2)
+    compute_s = 32 * 4 * 4096 * pairs / (989e12 * 0.5)
+    kv_s = 32 * kv_moved * LLAMA_3_8B_KV_BYTES_PER_TOKEN_LAYER / (4.8e12 * 0.8)
+    assert overlapped.attention_s == pytest.approx(max(compute_s, kv_s))
+    assert waiting.attention_s == pytest.approx(compute_s + kv_s)
+    assert waiting.linear_s == overlapped.linear_s
+
+
 def test_the_breakdown_sums_to_the_step_time():
     cost = make_cost_model(H200, LLAMA_3_70B, tp=8)
     shape = StepShape.of([*decodes(64, 1500), (512, 2048)])
@@ -225,6 +237,7 @@ efficiencies = st.builds(
     step_overhead_s=st.floats(0.0, 0.01),
     attention_compute=st.none() | st.floats(0.01, 1.0),
     sequence_overhead_s=st.floats(0.0, 0.001),
+    attention_overlaps_kv=st.booleans(),
 )
 configurations = st.sampled_from([
     (H100, LLAMA_3_8B, 1), (H200, LLAMA_3_8B, 2), (H200, LLAMA_3_70B, 8), (H100, LLAMA_3_70B, 4),

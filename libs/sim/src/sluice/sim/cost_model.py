@@ -11,6 +11,7 @@ layers are identical, so a layer is costed once and multiplied.
                      layer weights / tp                       / (bandwidth x bw eff))
       attention  max(4 x heads x head_dim x attended pairs / tp / (peak x attention eff),
                      KV bytes read and written                  / (bandwidth x bw eff))
+                 (or the sum of the two, where the kernel does not overlap them)
       all-reduce 2 x ring(tokens x hidden x activation bytes)           (tp > 1 only)
     once:
       lm head    max(2 x hidden x vocab x sequences / tp / (...), head weights / tp / (...))
@@ -105,6 +106,10 @@ class Efficiency:
     # call over its blocks, sampling and the output it hands back. 0 in the
     # GPU presets (batched there); a CPU calibration measures ~0.1 ms.
     sequence_overhead_s: float = 0.0
+    # Whether attention's arithmetic hides its KV reads (a GPU kernel streams
+    # the next tiles while it computes: the larger of the two) or waits for
+    # them (the CPU kernel: the two add; its calibration fits better so).
+    attention_overlaps_kv: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("compute", "bandwidth", "link", "attention_compute"):
@@ -152,6 +157,7 @@ class _StepRates(NamedTuple):
     all_reduce_fixed_s: float  # all layers: the hops' latency
     overhead_s: float
     overhead_s_per_sequence: float
+    attention_overlaps_kv: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +250,7 @@ class CostModel:
             all_reduce_fixed_s=all_reduce_fixed_s,
             overhead_s=efficiency.step_overhead_s,
             overhead_s_per_sequence=efficiency.sequence_overhead_s,
+            attention_overlaps_kv=efficiency.attention_overlaps_kv,
         )
 
     def step_time_s(self, shape: StepShape) -> float:
@@ -262,9 +269,10 @@ class CostModel:
         tokens = shape.num_tokens
         pairs = sum(attended_pairs(num_tokens, context) for num_tokens, context in shape.chunks)
         kv_moved = sum(context + 2 * num_tokens for num_tokens, context in shape.chunks)
+        compute_s, kv_s = pairs * rates.attention_s_per_pair, kv_moved * rates.kv_s_per_token_moved
         return StepTimeBreakdown(
             linear_s=layers * max(tokens * rates.linear_s_per_token, rates.layer_weights_s),
-            attention_s=layers * max(pairs * rates.attention_s_per_pair, kv_moved * rates.kv_s_per_token_moved),
+            attention_s=layers * (max(compute_s, kv_s) if rates.attention_overlaps_kv else compute_s + kv_s),
             lm_head_s=max(len(shape.chunks) * rates.lm_head_s_per_sequence, rates.lm_head_weights_s),
             all_reduce_s=tokens * rates.all_reduce_s_per_token + rates.all_reduce_fixed_s,
             overhead_s=rates.overhead_s + len(shape.chunks) * rates.overhead_s_per_sequence,
@@ -343,7 +351,8 @@ def _step_time_s(rates: _StepRates, num_layers: int, chunks: tuple[tuple[int, in
     if not chunks:
         return 0.0
     (linear_s_per_token, layer_weights_s, attention_s_per_pair, kv_s_per_token_moved, lm_head_s_per_sequence,
-     lm_head_weights_s, all_reduce_s_per_token, all_reduce_fixed_s, overhead_s, overhead_s_per_sequence) = rates
+     lm_head_weights_s, all_reduce_s_per_token, all_reduce_fixed_s, overhead_s, overhead_s_per_sequence,
+     attention_overlaps_kv) = rates
     # One pass. Twice the pairs, so it stays an integer: sum of n x (2c + n + 1).
     tokens = context = double_pairs = 0
     for num_tokens, context_before_tokens in chunks:
@@ -355,7 +364,9 @@ def _step_time_s(rates: _StepRates, num_layers: int, chunks: tuple[tuple[int, in
         linear_s = layer_weights_s
     attention_s = double_pairs * 0.5 * attention_s_per_pair
     kv_s = (context + 2 * tokens) * kv_s_per_token_moved
-    if attention_s < kv_s:
+    if not attention_overlaps_kv:
+        attention_s += kv_s
+    elif attention_s < kv_s:
         attention_s = kv_s
     lm_head_s = len(chunks) * lm_head_s_per_sequence
     if lm_head_s < lm_head_weights_s:
