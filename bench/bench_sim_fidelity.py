@@ -95,6 +95,7 @@ import os
 import random
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -251,26 +252,6 @@ def _overrides(settings_class) -> dict:
             if f"SLUICE_{name.upper()}" in ENV}
 
 
-class TracingSimulation(Simulation):
-    """A Simulation that also keeps every token's time per request (the
-    results keep only first/last and pooled gaps), so the way-out delays
-    can be laid over each stream. A sampling chunk is one token: requests
-    run to their forced length and are never cancelled here. It hooks the
-    loop's private `_step_done` (and reads `SimReplica.plan`): the simulator
-    has no per-token callback yet."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.token_times_s: dict[str, list[float]] = {}
-
-    def _step_done(self, replica, now_s: float) -> bool:
-        if replica.plan is not None:
-            for chunk in replica.plan.chunks:
-                if chunk.samples:
-                    self.token_times_s.setdefault(chunk.request_id, []).append(now_s)
-        return super()._step_done(replica, now_s)
-
-
 @dataclass(frozen=True, slots=True)
 class Emitted:
     """One simulated run before the way out: per finished request, its
@@ -299,9 +280,10 @@ class Simulator:
         constant shift of every request (request_s), so it is applied later."""
         cost = self.cost
         step_time_s = cost.step_time_s if not step_s else lambda shape: cost.step_time_s(shape) + step_s  # noqa: E731
-        simulation = TracingSimulation(self.fleet, step_time_s, requests)
-        results = simulation.run()
-        streams = [(r.request_id, r.arrival_s, simulation.token_times_s[r.request_id])
+        token_times_s: dict[str, list[float]] = defaultdict(list)
+        results = Simulation(self.fleet, step_time_s, requests,
+                             on_token=lambda request_id, now_s: token_times_s[request_id].append(now_s)).run()
+        streams = [(r.request_id, r.arrival_s, token_times_s[r.request_id])
                    for r in results.records if r.outcome == "finished"]
         return Emitted(streams, len(results.records) - len(streams), results.steps)
 

@@ -59,6 +59,24 @@ def test_every_request_is_finished_with_its_full_output_or_refused_with_a_reason
         r.prompt_tokens for r in by_id.values() if r.outcome == "finished")
 
 
+def test_every_sampled_token_is_reported_in_order():
+    requests = seed_mix(6.0).generate(20, seed=2)
+    engine = gpu_engine_config(MODEL)
+    fleet = FleetSpec(1, COST.kv_capacity_blocks(16), build_policy("sluice", engine, PlacementConfig()),
+                      max_context_tokens=MODEL.max_context_tokens)
+    tokens: dict[str, list[float]] = {}
+    results = Simulation(fleet, COST.step_time_s, requests,
+                         on_token=lambda request_id, now_s: tokens.setdefault(request_id, []).append(now_s)).run()
+    finished = [r for r in results.records if r.outcome == "finished"]
+    assert finished
+    for record in finished:
+        times = tokens[record.request_id]
+        assert len(times) == record.tokens
+        assert (times[0], times[-1]) == (record.first_token_s, record.finished_s)
+        assert times == sorted(times)
+    assert set(tokens) == {r.request_id for r in finished}
+
+
 def test_a_lone_request_takes_what_the_cost_model_says():
     """One 1,000-token prompt alone: prefill in 512-token depth-scaled chunks,
     then one decode step per output token, each timed by the cost model."""

@@ -130,8 +130,13 @@ class Simulation:
     def __init__(
         self, fleet: FleetSpec, step_time_s: Callable[[StepShape], float], requests: list[SimRequest],
         progress: Callable[[float, int], None] | None = None,
+        on_token: Callable[[str, float], None] | None = None,
     ) -> None:
+        """`on_token(request_id, now_s)` is called for every token a replica
+        samples, in order (the results keep only first and last token times
+        and the pooled gaps)."""
         self.fleet = fleet
+        self._on_token = on_token
         self.pool = SimPool(0, "replica", fleet, step_time_s)
         self.cluster = self.pool.cluster
         self.replicas = self.pool.replicas
@@ -262,6 +267,8 @@ class Simulation:
         for output in replica.finish_step():
             record = self._records[output.request_id]
             if output.new_token_ids:
+                if self._on_token is not None:
+                    self._on_token(output.request_id, now_s)
                 if record.first_token_s is None:
                     record.first_token_s = now_s
                     self.cluster.started(output.request_id, now_s)
