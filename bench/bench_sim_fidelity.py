@@ -310,8 +310,7 @@ class Simulator:
         return figures(output_tokens=output_tokens, end_s=end_s, ttfts_s=ttfts, gaps_s=gaps,
                        served=len(emitted.streams), refused=emitted.refused, steps=emitted.steps)
 
-    def ttfts_s(self, requests: list[SimRequest], terms: StackTerms) -> dict[str, float]:
-        emitted = self.emit(requests, terms.step_s)
+    def ttfts_s(self, emitted: Emitted, terms: StackTerms) -> dict[str, float]:
         return {request_id: delivered[0] - arrival_s
                 for request_id, arrival_s, delivered in self.delivered(emitted, terms)}
 
@@ -626,11 +625,12 @@ async def main() -> int:
           f"on the way out")
     errors = {}
     for name in ("fit", "validation"):
-        results[name]["stack"] = simulator.run(requests[name], terms)
+        emitted = simulator.emit(requests[name], terms.step_s)
+        results[name]["stack"] = simulator.figures(emitted, terms)
         errors[name] = print_side_by_side(f"{name} slice" + (" (in-sample for the stack terms)" if name == "fit"
                                                               else ""), results[name]["real"],
                                           results[name]["engine"], results[name]["stack"])
-        print_ttft_by_prompt(replays[name][0], requests[name], simulator.ttfts_s(requests[name], terms))
+        print_ttft_by_prompt(replays[name][0], requests[name], simulator.ttfts_s(emitted, terms))
     worst = max(abs(e) if not math.isnan(e) else math.inf for e in errors["validation"].values())
     print(verdict(None if math.isinf(worst) else worst <= TOLERANCE,
                   f"validation slice, simulator with stack terms: every figure within {TOLERANCE:.0%} of the "

@@ -10,7 +10,8 @@
              scheduler with a made-up sampled token instead of the model
              (the KV they leave is stale, which no kernel's speed depends on).
     fit      Efficiency(compute, bandwidth, step_overhead_s, attention_compute,
-             sequence_overhead_s) of the cost model by least squares on log(step time): steps run from ~2 ms
+             sequence_overhead_s, and whether attention overlaps its KV reads)
+             of the cost model by least squares on log(step time): steps run from ~2 ms
              to ~150 ms here, and an absolute loss would fit only the long
              ones. `link` is unused at tp = 1 and kept at its default.
     write    a JSON file (`write_calibration`); `load_calibration(path)`
@@ -412,7 +413,7 @@ class Fit:
     bytes_per_s: float
     fitted_s: tuple[float, ...]  # per timing, in order
     relative_errors: tuple[float, ...]  # (fitted - measured) / measured
-    attention_flops_per_s: float = 0.0  # 0 = the linears' rate
+    attention_flops_per_s: float
 
     @property
     def median_relative_error(self) -> float:
@@ -627,7 +628,7 @@ def calibration_document(timings: Sequence[StepTiming], fit: Fit, *, model: str,
             "flops_per_s": fit.flops_per_s,
             "bytes_per_s": fit.bytes_per_s,
             "step_overhead_s": fit.efficiency.step_overhead_s,
-            "attention_flops_per_s": fit.attention_flops_per_s or fit.flops_per_s,
+            "attention_flops_per_s": fit.attention_flops_per_s,
             "sequence_overhead_s": fit.efficiency.sequence_overhead_s,
             "median_relative_error": fit.median_relative_error,
             "p90_relative_error": errors[min(len(errors) - 1, math.ceil(0.9 * len(errors)) - 1)],

@@ -114,9 +114,7 @@ class Efficiency:
     def __post_init__(self) -> None:
         for field_name in ("compute", "bandwidth", "link", "attention_compute"):
             value = getattr(self, field_name)
-            if value is None and field_name == "attention_compute":
-                continue
-            if not 0 < value <= 1:
+            if value is not None and not 0 < value <= 1:  # only attention_compute may be None
                 # Above 1 means the hardware's peak is understated: raise the peak instead,
                 # or no step would respect the roofline.
                 raise ValueError(f"efficiency {field_name} must be in (0, 1], got {value}")
