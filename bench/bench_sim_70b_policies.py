@@ -9,24 +9,36 @@ cost model with its default efficiencies (not calibrated against an H200:
 there is none here), so the figures are the policies' relative merit on
 that hardware model, not a promise of absolute latency.
 
-Goodput uses the planner's targets (sluice plan, docs/capacity-planning.md's
-worked example): TTFT <= 2 s + 0.1 s per 1,000 prompt tokens (a flat 2 s
-is out of reach for a 32K document on any fleet), mean time per output
-token <= 100 ms; and, as a second reading, the same with no gap between
-two tokens longer than 0.5 s (a stream must not freeze: a mean TPOT hides
-one 2 s stall among 200 tokens; Sarathi-Serve's SLOs bound the tail of the
-time between tokens).
+Goodput is the interactive requests per second that meet their SLO,
+judged on three readings of it:
+  chat SLO (the verdict)  what a chat product promises: the first token
+                          within a few hundred milliseconds (0.5 s, plus
+                          0.1 s per 1,000 prompt tokens: a long prompt's own
+                          prefill is allowed for, as no fleet prefills 32K
+                          tokens in 0.5 s), and a stream that never freezes:
+                          no gap between two tokens over 0.5 s, mean time
+                          per output token <= 100 ms. The inter-token bound
+                          is on each gap, as Sarathi-Serve's SLOs bound the
+                          tail of the time between tokens: a mean hides a
+                          2 s stall among 200 tokens.
+  planner's targets       sluice plan's worked example in
+                          docs/capacity-planning.md: TTFT <= 2 s + 0.1 s per
+                          1,000 prompt tokens, mean TPOT <= 100 ms, nothing
+                          on a single gap (a sizing target, lenient on
+                          purpose)
+  planner's, no stall     the same with no gap over 0.5 s
 
-Prints, per rate and policy: interactive goodput (requests per second that
-met the targets) under both readings, SLO attainment, TTFT p50/p99 for
-chats and for documents apart, the p99 of the chats' longest gap; then
+Prints, per rate and policy: interactive goodput and SLO attainment under
+each reading, TTFT p50/p99 for chats and for documents apart, the p99 of
+the chats' longest gap; then
   * the replica's capacity for this mix: offered far more than it serves,
     the rate of each interactive kind (chat, document) Sluice's policy
     finishes, divided by that kind's share of the mix; the smallest is the
     highest rate at which the whole mix is served (the documents' lane
     bounds it)
-  * interactive goodput, sluice / fcfs-no-chunk, at each rate of the sweep,
-    and at 85% of that capacity ("near capacity")            (target >= 2.5x)
+  * interactive goodput, sluice / fcfs-no-chunk, at each rate of the sweep
+    and reading, and at 85% of that capacity ("near capacity"): the chat
+    SLO's ratio there is the verdict                          (target >= 2.5x)
   * each policy's SLO capacity: the highest rate of the sweep at which 90%
     of interactive requests meet the targets (DistServe's reading of
     goodput; the ratio of these is how Sarathi-Serve states its 2.6-5.6x)
@@ -54,8 +66,12 @@ from sluice.sim.simulator import FleetSpec, Simulation
 from sluice.sim.workload import seed_mix
 
 POLICIES = ("sluice", "fcfs-no-chunk", "chunked-unfair")
-TARGETS = SloTargets(ttft_s=2.0, tpot_s=0.1, ttft_per_1k_prompt_tokens_s=0.1)
-NO_STALL = SloTargets(ttft_s=2.0, tpot_s=0.1, ttft_per_1k_prompt_tokens_s=0.1, max_itl_s=0.5)
+READINGS = {  # name -> targets; the first is the verdict's
+    "chat SLO": SloTargets(ttft_s=0.5, tpot_s=0.1, ttft_per_1k_prompt_tokens_s=0.1, max_itl_s=0.5),
+    "planner's targets": SloTargets(ttft_s=2.0, tpot_s=0.1, ttft_per_1k_prompt_tokens_s=0.1),
+    "planner's, no stall": SloTargets(ttft_s=2.0, tpot_s=0.1, ttft_per_1k_prompt_tokens_s=0.1, max_itl_s=0.5),
+}
+VERDICT = next(iter(READINGS))
 DOCUMENT_TOKENS = 16_384  # the mix's documents are 16K-32K; its chats at most 4K
 NEAR_CAPACITY = 0.85   # of the measured capacity
 SATURATION_RATE = 12.0  # requests/s: far past what one replica serves of this mix
@@ -77,11 +93,11 @@ def kind(record) -> str:
 
 def simulate(policy: str, requests, cost: CostModel, model, window_s: float) -> dict:
     results = _run(policy, requests, cost, model)
-    probe, strict = measure(results, TARGETS, window_s), measure(results, NO_STALL, window_s)
+    probes = {name: measure(results, targets, window_s) for name, targets in READINGS.items()}
     finished = [r for r in results.records if r.outcome == "finished"]
     return {
-        "goodput_rps": probe.interactive_goodput_rps, "attainment": probe.interactive_attainment,
-        "goodput_no_stall_rps": strict.interactive_goodput_rps, "attainment_no_stall": strict.interactive_attainment,
+        "goodput_rps": {name: probe.interactive_goodput_rps for name, probe in probes.items()},
+        "attainment": {name: probe.interactive_attainment for name, probe in probes.items()},
         "ttft_s": {k: percentiles([r.ttft_s for r in finished if kind(r) == k]) for k in ("chat", "document")},
         "chat_longest_gap_p99_s": percentiles([r.max_gap_s for r in finished if kind(r) == "chat"])["p99"],
         "refused": sum(r.outcome == "refused" for r in results.records if r.service_class == "interactive"),
@@ -99,12 +115,12 @@ def mix_capacity_rps(requests, results, window_s: float) -> tuple[float, dict[st
     return min(per_kind.values()), per_kind
 
 
-def slo_capacity(table: dict[float, dict[str, dict]], policy: str, key: str) -> tuple[float | None, bool]:
+def slo_capacity(table: dict[float, dict[str, dict]], policy: str, reading: str) -> tuple[float | None, bool]:
     """The highest swept rate up to which `policy` meets SLO_ATTAINMENT at
     every rate; True when it still met it at the sweep's top."""
     best = None
     for rate in sorted(table):
-        if table[rate][policy][key] < SLO_ATTAINMENT:
+        if table[rate][policy]["attainment"][reading] < SLO_ATTAINMENT:
             return best, False
         best = rate
     return best, True
@@ -132,8 +148,10 @@ def main() -> int:
           f"{NEAR_CAPACITY:.0%} = {near_rate}/s")
     rates = tuple(sorted({*rates, near_rate}))
     print(f"llama-3-70b, 1 replica of TP8 on h200 ({cost.kv_capacity_tokens(16):,} KV tokens); seed mix, "
-          f"{duration_s:.0f}s of arrivals per rate; targets TTFT 2 s + 0.1 s/1K prompt tokens, TPOT 100 ms "
-          f"(no stall: and no gap over {NO_STALL.max_itl_s} s)")
+          f"{duration_s:.0f}s of arrivals per rate; goodput on " + "; ".join(
+              f"{name}: TTFT {t.ttft_s:g} s + {t.ttft_per_1k_prompt_tokens_s:g} s/1K prompt tokens, mean TPOT "
+              f"{t.tpot_s * 1000:.0f} ms" + (f", no gap over {t.max_itl_s:g} s" if t.max_itl_s else "")
+              for name, t in READINGS.items()))
     started_s = time.perf_counter()
     table: dict[float, dict[str, dict]] = {}
     for rate in rates:
@@ -141,50 +159,49 @@ def main() -> int:
         table[rate] = {}
         for policy in POLICIES:
             row = table[rate][policy] = simulate(policy, requests, cost, model, duration_s)
-            print(f"  rate {rate:>4}/s {policy:<15} goodput {row['goodput_rps']:5.2f}/s "
-                  f"(met {row['attainment']:.0%}; no stall {row['goodput_no_stall_rps']:5.2f}/s, "
-                  f"{row['attainment_no_stall']:.0%}), chats TTFT p50/p99 {ms(row['ttft_s']['chat']['p50'])}/"
+            print(f"  rate {rate:>4}/s {policy:<15} goodput " + ", ".join(
+                      f"{row['goodput_rps'][name]:.2f}/s ({row['attainment'][name]:.0%})" for name in READINGS)
+                  + f"; chats TTFT p50/p99 {ms(row['ttft_s']['chat']['p50'])}/"
                   f"{ms(row['ttft_s']['chat']['p99'])} ms, documents {ms(row['ttft_s']['document']['p50'])}/"
                   f"{ms(row['ttft_s']['document']['p99'])} ms, chats' longest gap p99 "
                   f"{ms(row['chat_longest_gap_p99_s'])} ms, refused {row['refused']}  [{row['wall_s']:.1f}s]",
                   flush=True)
 
-    def ratios(key: str) -> dict[float, float]:
-        out = {}
+    ratios: dict[str, dict[float, float]] = {}
+    for name in READINGS:
+        ratios[name] = {}
         for rate, row in table.items():
-            base, ours = row["fcfs-no-chunk"][key], row["sluice"][key]
-            out[rate] = ours / base if base else float("inf")
-        return out
-
-    plain, no_stall = ratios("goodput_rps"), ratios("goodput_no_stall_rps")
-    print("interactive goodput, sluice / fcfs-no-chunk: " + ", ".join(f"{r}/s {x:.2f}x" for r, x in plain.items()))
-    print("  with no stall over 0.5 s:                  " + ", ".join(f"{r}/s {x:.2f}x" for r, x in no_stall.items()))
+            base, ours = row["fcfs-no-chunk"]["goodput_rps"][name], row["sluice"]["goodput_rps"][name]
+            ratios[name][rate] = ours / base if base else float("inf")
+    print("interactive goodput, sluice / fcfs-no-chunk:")
+    for name, by_rate in ratios.items():
+        print(f"  {name + ':':<21} " + ", ".join(f"{r}/s {x:.2f}x" for r, x in by_rate.items()))
     capacities = {}
-    for key, label in (("attainment", "TTFT + TPOT"), ("attainment_no_stall", "no stall")):
-        ours, ours_open = slo_capacity(table, "sluice", key)
-        base, base_open = slo_capacity(table, "fcfs-no-chunk", key)
-        capacities[key] = {"sluice": ours, "fcfs-no-chunk": base}
+    for name in READINGS:
+        ours, ours_open = slo_capacity(table, "sluice", name)
+        base, base_open = slo_capacity(table, "fcfs-no-chunk", name)
+        capacities[name] = {"sluice": ours, "fcfs-no-chunk": base}
 
         def say(rate, still_met):
             return "below the sweep" if rate is None else f"{'>= ' if still_met else ''}{rate}/s"
 
         ratio_text = f"{ours / base:.2f}x{'+' if ours_open else ''}" if ours and base else "n/a"
-        print(f"SLO capacity ({SLO_ATTAINMENT:.0%} of interactive meet {label}): sluice {say(ours, ours_open)}, "
+        print(f"SLO capacity ({SLO_ATTAINMENT:.0%} of interactive meet the {name}): sluice {say(ours, ours_open)}, "
               f"fcfs-no-chunk {say(base, base_open)}: {ratio_text}")
     ideal_s = cost.ideal_prefill_s(32_768)
     docs = [table[r]["sluice"]["ttft_s"]["document"]["p50"] for r in rates]
     docs = [d for d in docs if d is not None]
-    print(f"near capacity ({near_rate}/s): interactive goodput ratio {plain[near_rate]:.2f}x, "
-          f"{no_stall[near_rate]:.2f}x with no stall over 0.5 s")
+    print(f"near capacity ({near_rate}/s): interactive goodput ratio " + ", ".join(
+        f"{ratios[name][near_rate]:.2f}x on the {name}" for name in READINGS))
     print(f"physics: a 32K prompt's prefill FLOPs / peak compute = {ideal_s * 1000:.0f} ms; Sluice's simulated "
           f"document p50 TTFT {min(docs) * 1000:.0f}-{max(docs) * 1000:.0f} ms across rates")
-    for value, label in ((plain[near_rate], "TTFT + TPOT"), (no_stall[near_rate], "TTFT + TPOT, no stall over 0.5 s")):
-        print(f"{'PASS' if value >= 2.5 else 'FAIL'}: goodput sluice / fcfs-no-chunk near capacity ({label}) "
-              f"{value:.2f}x (target >= 2.5x)")
+    value = ratios[VERDICT][near_rate]
+    print(f"{'PASS' if value >= 2.5 else 'FAIL'}: goodput sluice / fcfs-no-chunk near capacity on the {VERDICT} "
+          f"{value:.2f}x (target >= 2.5x)")
     print(f"{'PASS' if min(docs) >= ideal_s else 'FAIL'}: no simulated document TTFT below the ideal prefill bound")
     print(f"simulated in {time.perf_counter() - started_s:.0f}s")
     print(json.dumps({"bench": "sim_70b_policies", "capacity_rps": capacity_rps, "capacity_by_kind_rps": per_kind,
-                      "near_capacity_rate": near_rate, "ratios": plain, "ratios_no_stall": no_stall,
+                      "near_capacity_rate": near_rate, "verdict_reading": VERDICT, "ratios": ratios,
                       "slo_capacity_rps": capacities,
                       "ideal_32k_prefill_s": ideal_s, "document_ttft_p50_s": [min(docs), max(docs)]}))
     return 0
