@@ -47,13 +47,17 @@ the chats' longest gap; then
     the simulator must never beat physics
 then PASS/FAIL lines and a JSON line. Exits 0 whatever the verdict.
 
-    .venv/bin/python bench/bench_sim_70b_policies.py [--quick]
+    .venv/bin/python bench/bench_sim_70b_policies.py [--quick] [--plot goodput.png]
+
+`--plot PATH` also writes interactive goodput (chat SLO) against arrival
+rate per policy as a PNG.
 """
 
 import argparse
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 from sluice.placement.config import PlacementConfig
 from sluice.sim.cost_model import CostModel
@@ -134,6 +138,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer rates")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, default=None, help="PNG of goodput (chat SLO) vs rate per policy")
     args = parser.parse_args()
     duration_s = 120.0 if args.quick else 300.0
     rates = (2.0, 3.0, 4.0) if args.quick else (2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
@@ -199,6 +204,12 @@ def main() -> int:
     print(f"{'PASS' if value >= 2.5 else 'FAIL'}: goodput sluice / fcfs-no-chunk near capacity on the {VERDICT} "
           f"{value:.2f}x (target >= 2.5x)")
     print(f"{'PASS' if min(docs) >= ideal_s else 'FAIL'}: no simulated document TTFT below the ideal prefill bound")
+    if args.plot is not None:
+        from sluice.sim import plots
+        points = {policy: [(rate, row[policy]["goodput_rps"][VERDICT]) for rate, row in table.items()]
+                  for policy in POLICIES}
+        title = f"Llama-3-70B, 1 x TP8 H200, seed mix: interactive goodput on the {VERDICT}"
+        print(f"wrote {plots.goodput_vs_rate(points, args.plot, title)}")
     print(f"simulated in {time.perf_counter() - started_s:.0f}s")
     print(json.dumps({"bench": "sim_70b_policies", "capacity_rps": capacity_rps, "capacity_by_kind_rps": per_kind,
                       "near_capacity_rate": near_rate, "verdict_reading": VERDICT, "ratios": ratios,
