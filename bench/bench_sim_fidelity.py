@@ -49,8 +49,8 @@ with the same requests on this machine?
     machine falls on both), and every real figure is the median of its
     replays. The real stack is not a fixed target: the same requests
     replayed three times in one stack gave TTFT p90s 18% apart, ITL p90s
-    24% apart and engine step counts 11% apart (Intel Xeon, 2026-12-05),
-    so every replay and that spread are printed.
+    24% apart and engine step counts 11% apart (quick slices at 65%, Intel
+    Xeon, 2026-12-05), so every replay and that spread are printed.
  4. Simulated. Each slice's requests as they were sent (arrival = the
     client's send time in its first replay, prompt tokens as the router
     counted them) through
@@ -604,6 +604,8 @@ async def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=REPEATS, help="replays of each slice (medians judged)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     fit_s, validate_s = (20.0, 30.0) if args.quick else (60.0, 120.0)
     probe_s = 10.0 if args.quick else 15.0
     print(f"CPU: {cpu_model()} x {os.cpu_count()}")
