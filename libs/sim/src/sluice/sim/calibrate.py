@@ -435,11 +435,7 @@ class Rates(NamedTuple):
 
 
 def _rate_model(base: Hardware, model: ModelSpec, dtype: str, rates: Rates, overlaps: bool) -> CostModel:
-    peak = max(rates.flops_per_s, rates.attention_flops_per_s)
-    hardware = replace(base, peak_flops_per_s=peak, hbm_bandwidth_bytes_per_s=rates.bytes_per_s)
-    efficiency = Efficiency(compute=rates.flops_per_s / peak, bandwidth=1.0, link=Efficiency().link,
-                            step_overhead_s=rates.overhead_s, attention_compute=rates.attention_flops_per_s / peak,
-                            sequence_overhead_s=rates.sequence_overhead_s, attention_overlaps_kv=overlaps)
+    hardware, efficiency = express(base, rates, overlaps)
     return CostModel(hardware, model, tp=1, dtype=dtype, efficiency=efficiency)
 
 
@@ -480,8 +476,7 @@ def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardwa
     fitted = _rate_model(base, model, dtype, rates, overlaps)
     fitted_s = tuple(fitted.step_time_s(s) for s in shapes)
     errors = tuple((f - t.seconds) / t.seconds for f, t in zip(fitted_s, timings))
-    hardware, efficiency = express(base, rates, overlaps)
-    return Fit(hardware, efficiency, rates.flops_per_s, rates.bytes_per_s, fitted_s, errors,
+    return Fit(fitted.hardware, fitted.efficiency, rates.flops_per_s, rates.bytes_per_s, fitted_s, errors,
                rates.attention_flops_per_s)
 
 
