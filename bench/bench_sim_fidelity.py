@@ -119,6 +119,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -433,9 +434,17 @@ def real_figures(records: list[RequestRecord], start_s: float, steps: int | None
         steps=steps)
 
 
-async def replay(c, keys: dict[str, str], planned: list[Planned], texts: list[str]) -> tuple:
-    """Open loop at the planned times: records in plan order, the start,
-    the replica's engine steps and the CPU cores each party took."""
+class Replay(NamedTuple):
+    """One replay of a slice on the real stack."""
+
+    records: list[RequestRecord]  # in plan order
+    start_s: float
+    steps: int | None  # the replica's engine steps over it; None if unread
+    cores: dict[str, float]  # CPU each party took (CpuAccount.cores)
+
+
+async def replay(c, keys: dict[str, str], planned: list[Planned], texts: list[str]) -> Replay:
+    """Open loop at the planned times."""
     records: list[RequestRecord | None] = [None] * len(planned)
     steps_before = await engine_steps(c)
     cpu = CpuAccount([process.pid for process in c.stack.processes.values()])
@@ -457,7 +466,7 @@ async def replay(c, keys: dict[str, str], planned: list[Planned], texts: list[st
     steps = None if steps_before is None or steps_after is None else int(steps_after - steps_before)
     print(f"  CPU over the slice, in cores of {os.cpu_count()}: stack {cores['stack']:.2f}, this client "
           f"{cores['client']:.2f}, other work on the machine {cores['other']:.2f}", flush=True)
-    return records, start_s, steps, cores
+    return Replay(records, start_s, steps, cores)
 
 
 async def measured_capacity(c, keys: dict[str, str], pool: list[Planned], texts: list[str],
@@ -628,7 +637,7 @@ async def main() -> int:
     print(f"capacity, engine-only simulation: {simulated_capacity:.2f} req/s (p90 TTFT <= "
           f"{CAPACITY_P90_TTFT_S:.0f} s, nothing refused)")
 
-    replays: dict[str, list[tuple]] = {}
+    replays: dict[str, list[Replay]] = {}
     with cluster(ENV, label="sim-fidelity") as c:
         keys = {tenant: c.create_key(tenant, wait=False) for tenant in TENANTS}
         for key in keys.values():
@@ -663,7 +672,7 @@ async def main() -> int:
                 await wait_for_quiet(c)  # also idle before each slice, as the simulator starts each from idle
                 print(f"replaying the {name} slice on the stack (replay {repeat}, attempt {attempt}) ...", flush=True)
                 done = await replay(c, keys, plan, texts)
-                if done[3]["other"] <= NOISY_OTHER_CORES or attempt == SLICE_ATTEMPTS:
+                if done.cores["other"] <= NOISY_OTHER_CORES or attempt == SLICE_ATTEMPTS:
                     replays.setdefault(name, []).append(done)
                     break
 
@@ -671,11 +680,11 @@ async def main() -> int:
     for name, plan in plans.items():
         # The simulator takes the first replay's requests as sent (send times, prompt tokens as
         # counted); the replays differ only in the client's send jitter.
-        records, start_s = replays[name][0][:2]
-        requests[name] = sim_requests(plan, records, start_s)
-        runs = [real_figures(r, start, steps) for r, start, steps, _ in replays[name]]
+        first = replays[name][0]
+        requests[name] = sim_requests(plan, first.records, first.start_s)
+        runs = [real_figures(r.records, r.start_s, r.steps) for r in replays[name]]
         real_runs[name] = runs
-        cores[name] = {party: max(run[3][party] for run in replays[name]) for party in replays[name][0][3]}
+        cores[name] = {party: max(r.cores[party] for r in replays[name]) for party in first.cores}
         print_replays(name, runs)
         results[name] = {"real": median_figures(runs), "engine": simulator.run(requests[name])}
     terms = fit_stack_terms(simulator, requests["fit"], results["fit"]["real"])
@@ -689,7 +698,7 @@ async def main() -> int:
         errors[name] = print_side_by_side(f"{name} slice" + (" (in-sample for the stack terms)" if name == "fit"
                                                               else ""), results[name]["real"],
                                           results[name]["engine"], results[name]["stack"])
-        print_ttft_by_prompt(replays[name][0][0], requests[name], simulator.ttfts_s(emitted, terms))
+        print_ttft_by_prompt(replays[name][0].records, requests[name], simulator.ttfts_s(emitted, terms))
     worst = max(abs(e) if not math.isnan(e) else math.inf for e in errors["validation"].values())
     print(verdict(None if math.isinf(worst) else worst <= TOLERANCE,
                   f"validation slice, simulator with stack terms: every figure within {TOLERANCE:.0%} of the "
