@@ -10,9 +10,16 @@ in, module by module, the way gpt-fast applies quantization: llama.py keeps
 one forward path and never knows.
 
     load_llama ──▶ LlamaModel (nn.Linear everywhere)
-                    │ choose_linears(model, "auto", cache)   # {module name: "onednn" | "torch"}
-                    ▼ apply_cpu_fast_path(model, choice)    # nn.Linear -> PackedLinear where faster
-                   the same model, same state_dict
+                    │ choose_linears(model, "auto", cache)   # {module name: "onednn" | "torch" | "screened"}
+                    ▼ apply_cpu_fast_path(model, choice)    # nn.Linear -> PackedLinear where faster,
+                   the same model, same state_dict          #   the LM head -> ScreenedHead where faster
+
+The LM head has a third choice: `ScreenedHead` (sluice.model.greedy_head)
+answers greedy steps from a bfloat16 screen plus the exact logits of a few
+candidates. "auto" times a greedy step's head both ways (full float32 head
+and argmax, against the screen) and takes the screen only where it wins,
+which needs bf16 hardware (AMX or AVX512-BF16); the forced modes never
+screen.
 
 A probe costs well under a second for a small model; its answer is cached
 in a JSON file per machine (CPU model and flags, torch version, threads),
@@ -35,11 +42,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluice.kernels.argmax import argmax_rows
 from sluice.model.cpu_linear import PackedLinear, onednn_linear_available
+from sluice.model.greedy_head import ScreenedHead, screen_available
 
 log = logging.getLogger(__name__)
 
-LinearImpl = Literal["torch", "onednn"]
+LinearImpl = Literal["torch", "onednn", "screened"]
+# The module that computes the logits, the one "screened" may replace.
+LM_HEAD = "lm_head"
 # "auto": measure (or read this machine's cached measurement); the others force one.
 CPU_LINEAR_MODES = ("auto", "onednn", "torch")
 
@@ -83,9 +94,13 @@ def _seconds_per_call(call, min_time_s: float) -> float:
 
 
 def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, trials: int = PROBE_TRIALS,
-                  min_time_s: float = PROBE_MIN_TIME_S) -> dict[str, dict[str, float]]:
+                  min_time_s: float = PROBE_MIN_TIME_S, head: LinearShape | None = None) -> dict[str, dict[str, float]]:
     """Seconds per call of each shape, {shape key: {"torch": s, "onednn": s}},
-    float32 on this machine's CPU with torch's current thread count."""
+    float32 on this machine's CPU with torch's current thread count. With
+    `head` (the LM head's shape, no bias) and a screen available, its entry
+    also has "greedy_full" (the faster full head, then argmax) and
+    "greedy_screened" (ScreenedHead.greedy_token_ids), on rows normalised as
+    a final RMSNorm leaves them."""
     generator = torch.Generator().manual_seed(0)
     timings: dict[str, dict[str, float]] = {}
     for shape in shapes:
@@ -95,6 +110,13 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
         packed = PackedLinear(linear)
         x = torch.randn(rows, shape.in_features, generator=generator)  # [rows, in]
         impls = {"torch": lambda: F.linear(x, linear.weight, linear.bias), "onednn": lambda: packed(x)}
+        if shape == head and screen_available():
+            screened = ScreenedHead(linear)
+            full = packed if _seconds_per_call(lambda: packed(x), min_time_s) < _seconds_per_call(
+                lambda: F.linear(x, linear.weight), min_time_s) else linear
+            normed = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # [rows, in], RMS 1
+            impls["greedy_full"] = lambda: argmax_rows(full(normed))
+            impls["greedy_screened"] = lambda: screened.greedy_token_ids(normed)
         with torch.inference_mode():
             timings[shape.key] = {name: min(_seconds_per_call(call, min_time_s) for _ in range(trials))
                                   for name, call in impls.items()}
@@ -113,7 +135,7 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
     except OSError:
         model_name = platform.processor() or platform.machine()
     facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
-             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}"]
+             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"screen={screen_available()}"]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
@@ -122,7 +144,8 @@ def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | No
 
     mode "torch" or "onednn" forces one (onednn only where torch has it);
     "auto" takes, per distinct shape, whichever this machine's probe found
-    faster, reading and writing the probe in `cache_dir` when given."""
+    faster, and for the LM head the screen where it beat the full head,
+    reading and writing the probe in `cache_dir` when given."""
     if mode not in CPU_LINEAR_MODES:
         raise ValueError(f"cpu linear mode {mode!r}: expected one of {', '.join(CPU_LINEAR_MODES)}")
     linears = model_linears(model)
@@ -131,15 +154,25 @@ def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | No
     if mode == "onednn":
         return {name: "onednn" for name in linears}
     shapes = [_shape(linear) for linear in linears.values()]
-    timings = _cached_probe(shapes, cache_dir)
-    return {name: _faster(timings[_shape(linear).key]) for name, linear in linears.items()}
+    head = linears.get(LM_HEAD)
+    head_shape = _shape(head) if head is not None and head.bias is None else None
+    timings = _cached_probe(shapes, cache_dir, head_shape)
+    choice: dict[str, LinearImpl] = {name: _faster(timings[_shape(linear).key]) for name, linear in linears.items()}
+    if head_shape is not None and _screen_wins(timings[head_shape.key]):
+        choice[LM_HEAD] = "screened"
+    return choice
 
 
 def _faster(timing: Mapping[str, float]) -> LinearImpl:
     return "onednn" if timing["onednn"] < timing["torch"] else "torch"
 
 
-def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None) -> dict[str, dict[str, float]]:
+def _screen_wins(timing: Mapping[str, float]) -> bool:
+    return "greedy_screened" in timing and timing["greedy_screened"] < timing["greedy_full"]
+
+
+def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
+                  head: LinearShape | None = None) -> dict[str, dict[str, float]]:
     path = cache_dir / f"cpu-linear-probe-{machine_key(shapes)}.json" if cache_dir else None
     if path is not None and path.is_file():
         try:
@@ -149,9 +182,13 @@ def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None) -> dict[str
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("ignoring an unreadable CPU linear probe at %s", path)
     started = time.perf_counter()
-    timings = probe_linears(shapes)
+    timings = probe_linears(shapes, head=head)
     log.info("probed CPU linears in %.2f s: %s", time.perf_counter() - started,
              ", ".join(f"{key} {_faster(t)} ({t['torch'] / t['onednn']:.2f}x)" for key, t in timings.items()))
+    if head is not None and "greedy_screened" in timings[head.key]:
+        t = timings[head.key]
+        log.info("greedy LM head %s: screened %.2f ms, full %.2f ms", head.key,
+                 t["greedy_screened"] * 1e3, t["greedy_full"] * 1e3)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,14 +201,15 @@ def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None) -> dict[str
 
 
 def apply_cpu_fast_path(model: nn.Module, choice: Mapping[str, LinearImpl]) -> nn.Module:
-    """Swap each nn.Linear chosen "onednn" for a PackedLinear over the same
-    Parameters; the model's names, state_dict and forward are unchanged."""
+    """Swap each nn.Linear chosen "onednn" for a PackedLinear, and one chosen
+    "screened" for a ScreenedHead, over the same Parameters; the model's
+    names, state_dict and forward are unchanged."""
     for name, impl in choice.items():
-        if impl != "onednn":
+        if impl == "torch":
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, child)
         if type(linear) is nn.Linear:
-            setattr(parent, child, PackedLinear(linear))
+            setattr(parent, child, ScreenedHead(linear) if impl == "screened" else PackedLinear(linear))
     return model

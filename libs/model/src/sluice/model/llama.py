@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluice.kernels.argmax import argmax_rows
 from sluice.model.attention import AttentionBackend, AttentionMetadata, reference_attention
 from sluice.model.config import LlamaConfig
 from sluice.model.kv_cache import KVCache
@@ -189,3 +190,12 @@ class LlamaModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> float32 logits [N, vocab]. Pass only the rows you sample."""
         return self.lm_head(hidden).float()
+
+    def greedy_token_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> int64 [N], the argmax of each row's logits. A head
+        swapped in from outside may answer without full logits
+        (sluice.model.greedy_head); the answer is the same."""
+        screened = getattr(self.lm_head, "greedy_token_ids", None)
+        if screened is not None:
+            return screened(hidden)
+        return argmax_rows(self.compute_logits(hidden))

@@ -125,10 +125,14 @@ class ModelRunner:
             if not step.sample_seq_indices:
                 return ModelOutput(tuple(sampled), None)
             yielding.check(should_yield)  # the last one: sampling moves generator state
-            logits = self.model.compute_logits(hidden[step.logits_indices])
-            # logits: [num_sampled, vocab]
+            rows = hidden[step.logits_indices]  # [num_sampled, hidden]
             requests = [batch.sequences[i].sample for i in step.sample_seq_indices]
-            tokens = self.sampler.sample(logits, requests)  # type: ignore[arg-type]
+            logits: torch.Tensor | None = None
+            if not batch.return_logits and self.sampler.argmax_suffices(requests):  # type: ignore[arg-type]
+                tokens = self.model.greedy_token_ids(rows).tolist()
+            else:
+                logits = self.model.compute_logits(rows)  # [num_sampled, vocab]
+                tokens = self.sampler.sample(logits, requests)  # type: ignore[arg-type]
         for seq_index, token in zip(step.sample_seq_indices, tokens):
             sampled[seq_index] = token
         return ModelOutput(tuple(sampled), logits if batch.return_logits else None)

@@ -91,6 +91,17 @@ class Sampler:
     def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
 
+    def argmax_suffices(self, requests: Sequence[SampleRequest]) -> bool:
+        """True when every row takes the plain argmax of its logits: all
+        greedy and none with EOS or stop ids still masked (min_tokens). The
+        runner may then ask the model for the argmax alone
+        (sluice.model.greedy_head) instead of full logits."""
+        return all(r.params.is_greedy and not self._masks_early_stops(r) for r in requests)
+
+    def _masks_early_stops(self, r: SampleRequest) -> bool:
+        p = r.params
+        return r.num_generated < p.min_tokens and bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
+
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """logits: [N, vocab] (one row per request) -> N token ids."""
         if logits.dim() != 2 or logits.shape[0] != len(requests):
