@@ -164,7 +164,10 @@ def main() -> int:
                         help="no vLLM: Sluice with tracing off and on, alternating rounds")
     parser.add_argument("--trace-sample-ratio", type=float, default=1.0,
                         help="with --tracing-overhead: the share of requests traced (default 1: all)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in every Sluice service's environment (repeatable), e.g. SLUICE_TORCH_THREADS=1")
     args = parser.parse_args()
+    sluice_env = dict(item.split("=", 1) for item in args.env)
     peer_python = args.peer_dir / "venv" / "bin" / "python"
     model_dir = args.model_dir.resolve()
     if not (BENCH_PEER / "load.py").exists():
@@ -177,10 +180,12 @@ def main() -> int:
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
     results: dict[str, list[dict]] = {"sluice": [], "vllm": []}
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores)", flush=True)
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); Sluice's extra environment: {sluice_env or 'none'}",
+          flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
-            results["sluice"].append(sluice_round(peer_python, model_dir, Path(tmp) / f"sluice-{round_index}"))
+            results["sluice"].append(sluice_round(peer_python, model_dir, Path(tmp) / f"sluice-{round_index}",
+                                                  sluice_env))
             print(f"round {round_index + 1} sluice: {describe(results['sluice'][-1])}", flush=True)
             results["vllm"].append(vllm_round(args.peer_dir, peer_python, model_dir))
             print(f"round {round_index + 1} vllm  : {describe(results['vllm'][-1])}", flush=True)

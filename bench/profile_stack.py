@@ -20,9 +20,10 @@ ignore_eos, 128 requests) from this process, and prints per process:
   run through the same engine core with no services around it;
 - a ceiling: the model's linear layers alone (each timed on one thread at
   this load's batch, 64 rows for decode and 512 for prefill, the faster of
-  torch's F.linear and oneDNN's packed weight, as the replica chooses) give
-  the least CPU the replica can spend per 1,000 output tokens while its
-  arithmetic stays float32 (the logits must match transformers'). With
+  torch's F.linear and oneDNN's packed weight, as the replica chooses; for
+  a greedy step's LM head also its bf16 screen, whose tokens are exact)
+  give the least CPU the replica can spend per 1,000 output tokens while
+  its arithmetic stays float32 (the logits must match transformers'). With
   the other processes' measured CPU beside it, the cores can serve at most
   cores / (that + theirs) output tokens per second, however cheap attention,
   sampling, scheduling and Python became.
@@ -237,7 +238,8 @@ def linear_floor(model_dir: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        decode = probe_linears(shapes.values(), rows=CONCURRENCY)
+        # The load is greedy: its head may be the screen (sluice.model.greedy_head).
+        decode = probe_linears(shapes.values(), rows=CONCURRENCY, head=shapes["lm_head"])
         prefill = probe_linears(shapes.values(), rows=PREFILL_ROWS)
     finally:
         torch.set_num_threads(threads)
