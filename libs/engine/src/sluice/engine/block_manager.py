@@ -76,22 +76,18 @@ class BlockPoolState:
     tables: Mapping[str, tuple[int, ...]]
 
 
-class _Block:
-    __slots__ = ("block_id", "ref_count", "block_hash")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_count = 0
-        self.block_hash: BlockHash | None = None
-
-
 class BlockManager:
     def __init__(self, num_blocks: int, block_size_tokens: int = 16) -> None:
         if num_blocks < 1 or block_size_tokens < 1:
             raise ValueError("num_blocks and block_size_tokens must be >= 1")
         self.num_blocks = num_blocks
         self.block_size_tokens = block_size_tokens
-        self._blocks = [_Block(i) for i in range(num_blocks)]
+        # Per block, by id: how many tables hold it, and the hash it is
+        # cached under (None: uncached). Two flat lists rather than an object
+        # per block: a 70B replica has ~10^5 blocks, and the simulator builds
+        # a pool per replica per run.
+        self._ref_counts: list[int] = [0] * num_blocks
+        self._hashes: list[BlockHash | None] = [None] * num_blocks
         self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() takes block 0 first
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._cached: dict[BlockHash, int] = {}
@@ -154,16 +150,18 @@ class BlockManager:
         it in update): a block registered earlier could be hit by another
         sequence and read before its K/V exist.
         """
+        done = self._num_cached_blocks.get(seq_id, 0)
+        if num_computed_tokens // self.block_size_tokens <= done:
+            return  # no block filled since the last call: most decode steps
         table = self._tables.get(seq_id)
         if table is None:
             return
-        done = self._num_cached_blocks.get(seq_id, 0)
         full = min(num_computed_tokens // self.block_size_tokens, len(block_hashes), len(table))
         for index in range(done, full):
-            block_hash, block = block_hashes[index], self._blocks[table[index]]
-            if block.block_hash is None and block_hash not in self._cached:
-                block.block_hash = block_hash
-                self._cached[block_hash] = block.block_id
+            block_hash, block_id = block_hashes[index], table[index]
+            if self._hashes[block_id] is None and block_hash not in self._cached:
+                self._hashes[block_id] = block_hash
+                self._cached[block_hash] = block_id
                 self._note_cache_change(block_hash, CacheEventKind.STORED)
             # Otherwise an identical block is already cached (two sequences
             # computed the same prefix in the same steps); this copy stays
@@ -177,6 +175,8 @@ class BlockManager:
     def drain_cache_events(self) -> tuple[CacheEvent, ...]:
         """The hashes stored and evicted since the previous drain, each once,
         as their net change (stored then evicted in between: not at all)."""
+        if not self._cache_changes:  # most steps (every step of the simulator's replicas drains)
+            return ()
         events = tuple(CacheEvent(kind, block_hash) for block_hash, kind in self._cache_changes.items())
         self._cache_changes.clear()
         return events
@@ -205,7 +205,7 @@ class BlockManager:
             # Take the hit blocks before drawing new ones, so that drawing
             # cannot evict them.
             for block_id in prefix.block_ids:
-                self._acquire(self._blocks[block_id])
+                self._acquire(block_id)
                 table.append(block_id)
             self._num_cached_blocks[seq_id] = len(prefix.block_ids)
             self.prefix_cache_queried_tokens_total += prefix.num_queried_tokens
@@ -223,10 +223,9 @@ class BlockManager:
         # its uncached blocks go deepest into the stack, so the head's are
         # reused first.
         for block_id in reversed(table):
-            block = self._blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.block_hash is None:
+            self._ref_counts[block_id] -= 1
+            if self._ref_counts[block_id] == 0:
+                if self._hashes[block_id] is None:
                     self._free_uncached.append(block_id)
                 else:
                     self._free_cached[block_id] = None
@@ -242,7 +241,7 @@ class BlockManager:
 
     def state(self) -> BlockPoolState:
         return BlockPoolState(
-            ref_counts=tuple(block.ref_count for block in self._blocks),
+            ref_counts=tuple(self._ref_counts),
             cached_block_ids=frozenset(self._cached.values()),
             free_uncached=tuple(self._free_uncached),
             free_cached_lru=tuple(self._free_cached),
@@ -260,9 +259,9 @@ class BlockManager:
         if table:
             raise ValueError(f"sequence {seq_id} already has blocks; a cached prefix only starts a table")
         for block_id, block_hash in zip(prefix.block_ids, prefix.block_hashes, strict=True):
-            if self._blocks[block_id].block_hash != block_hash:
+            if self._hashes[block_id] != block_hash:
                 raise ValueError(f"stale cached prefix for {seq_id}: look it up again before allocating")
-        revived = sum(1 for block_id in prefix.block_ids if self._blocks[block_id].ref_count == 0)
+        revived = sum(1 for block_id in prefix.block_ids if self._ref_counts[block_id] == 0)
         return max(self.blocks_for(num_tokens) - len(prefix.block_ids), 0) + revived
 
     def _num_released_by(self, seq_ids: Collection[str], keep: CachedPrefix | None) -> int:
@@ -272,12 +271,12 @@ class BlockManager:
         holders = Counter(block_id for seq_id in seq_ids for block_id in self._tables.get(seq_id, ()))
         kept = frozenset(keep.block_ids) if keep is not None else frozenset()
         return sum(1 for block_id, count in holders.items()
-                   if self._blocks[block_id].ref_count == count and block_id not in kept)
+                   if self._ref_counts[block_id] == count and block_id not in kept)
 
-    def _acquire(self, block: _Block) -> None:
-        if block.ref_count == 0:
-            del self._free_cached[block.block_id]
-        block.ref_count += 1
+    def _acquire(self, block_id: int) -> None:
+        if self._ref_counts[block_id] == 0:
+            del self._free_cached[block_id]
+        self._ref_counts[block_id] += 1
 
     def _note_cache_change(self, block_hash: BlockHash, kind: CacheEventKind) -> None:
         pending = self._cache_changes.pop(block_hash, None)
@@ -287,13 +286,13 @@ class BlockManager:
 
     def _take_free_block(self) -> int:
         if self._free_uncached:
-            block = self._blocks[self._free_uncached.pop()]
+            block_id = self._free_uncached.pop()
         else:
             block_id, _ = self._free_cached.popitem(last=False)
-            block = self._blocks[block_id]
+            evicted = self._hashes[block_id]
             # Evict: the block's old content is about to be overwritten.
-            del self._cached[block.block_hash]  # type: ignore[arg-type]
-            self._note_cache_change(block.block_hash, CacheEventKind.EVICTED)  # type: ignore[arg-type]
-            block.block_hash = None
-        block.ref_count = 1
-        return block.block_id
+            del self._cached[evicted]  # type: ignore[arg-type]
+            self._note_cache_change(evicted, CacheEventKind.EVICTED)  # type: ignore[arg-type]
+            self._hashes[block_id] = None
+        self._ref_counts[block_id] = 1
+        return block_id

@@ -142,8 +142,11 @@ class IterationScheduler:
         step = StepBuilder(self.config.max_num_batched_tokens)
         if self._probes:
             self._admit_probes(step)
-        decoding = sorted(
-            (s for s in self._running if s.num_uncomputed_tokens == 1 and s.request_id not in step.chunks), key=_rank)
+        planned = step.chunks
+        decoding = sorted(  # num_uncomputed_tokens == 1, inlined: every running sequence, every step
+            (s for s in self._running
+             if len(s.all_token_ids) - s.num_computed_tokens == 1 and s.request.request_id not in planned),
+            key=_rank)
         for sequence in decoding:
             if step.budget_tokens == 0:
                 break

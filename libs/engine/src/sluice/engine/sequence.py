@@ -50,9 +50,12 @@ class Sequence:
     # external_prefix_tokens) and are not computed here; zeroed when the
     # sequence loses its blocks, since the transferred K/V went with them.
     num_external_tokens: int = field(init=False)
+    # len(request.prompt_token_ids), kept: read for every output of every step.
+    num_prompt_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.request.prompt_token_ids)
+        self.num_prompt_tokens = len(self.all_token_ids)
         self.num_external_tokens = self.request.external_prefix_tokens
         self._root_hash = root_block_hash(self.request.cache_salt)
         extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens, self._root_hash)
@@ -60,10 +63,6 @@ class Sequence:
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.request.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -90,5 +89,7 @@ class Sequence:
         return tuple(self.all_token_ids[start:stop])
 
     def append_output(self, token_id: int) -> None:
-        self.all_token_ids.append(token_id)
-        extend_block_hashes(self.block_hashes, self.all_token_ids, self.block_size_tokens, self._root_hash)
+        tokens = self.all_token_ids
+        tokens.append(token_id)
+        if len(tokens) >= (len(self.block_hashes) + 1) * self.block_size_tokens:  # a block just filled
+            extend_block_hashes(self.block_hashes, tokens, self.block_size_tokens, self._root_hash)
