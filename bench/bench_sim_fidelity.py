@@ -413,15 +413,12 @@ def fit_stack_terms(simulator: Simulator, requests: list[SimRequest], real: dict
     one (a constant shift, so exact)."""
     efficiency = simulator.cost.efficiency
     if per == "sequence":
-        low, high = -0.9 * efficiency.sequence_overhead_s, 0.002
-
-        def engine_terms(value: float) -> StackTerms:
-            return StackTerms(sequence_s=value)
+        field, low, high = "sequence_s", -0.9 * efficiency.sequence_overhead_s, 0.002
     else:
-        low, high = -min(0.001, 0.9 * efficiency.step_overhead_s), 0.02
+        field, low, high = "step_s", -min(0.001, 0.9 * efficiency.step_overhead_s), 0.02
 
-        def engine_terms(value: float) -> StackTerms:
-            return StackTerms(step_s=value)
+    def engine_terms(value: float) -> StackTerms:
+        return StackTerms(**{field: value})
 
     def too_fast(value: float) -> bool:
         terms = engine_terms(value)

@@ -33,7 +33,7 @@ import json
 import logging
 import platform
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -110,17 +110,20 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
         packed = PackedLinear(linear)
         x = torch.randn(rows, shape.in_features, generator=generator)  # [rows, in]
         impls = {"torch": lambda: F.linear(x, linear.weight, linear.bias), "onednn": lambda: packed(x)}
+        timings[shape.key] = _best_times(impls, trials, min_time_s)
         if shape == head and screen_available():
+            full = packed if _faster(timings[shape.key]) == "onednn" else linear
             screened = ScreenedHead(linear)
-            full = packed if _seconds_per_call(lambda: packed(x), min_time_s) < _seconds_per_call(
-                lambda: F.linear(x, linear.weight), min_time_s) else linear
             normed = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # [rows, in], RMS 1
-            impls["greedy_full"] = lambda: argmax_rows(full(normed))
-            impls["greedy_screened"] = lambda: screened.greedy_token_ids(normed)
-        with torch.inference_mode():
-            timings[shape.key] = {name: min(_seconds_per_call(call, min_time_s) for _ in range(trials))
-                                  for name, call in impls.items()}
+            timings[shape.key].update(_best_times({"greedy_full": lambda: argmax_rows(full(normed)),
+                                                   "greedy_screened": lambda: screened.greedy_token_ids(normed)},
+                                                  trials, min_time_s))
     return timings
+
+
+def _best_times(impls: Mapping[str, Callable[[], object]], trials: int, min_time_s: float) -> dict[str, float]:
+    with torch.inference_mode():
+        return {name: min(_seconds_per_call(call, min_time_s) for _ in range(trials)) for name, call in impls.items()}
 
 
 def machine_key(shapes: Iterable[LinearShape]) -> str:

@@ -84,8 +84,9 @@ class ScreenedHead(PackedLinear):
         super()._repack()
         weight = self.weight.detach()
         usable = weight.device.type == "cpu" and weight.dtype == torch.float32 and screen_available()
-        self._screen: torch.Tensor | None = (torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), None)
-                        if usable else None)
+        self._screen: torch.Tensor | None = None
+        if usable:
+            self._screen = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), None)
         self._max_row_norm = float(weight.norm(dim=1).max()) if usable else float("nan")
         self._bound = screen_bound_factor(self.in_features) * (1.0 + NORM_SLACK)
 

@@ -96,11 +96,18 @@ class Sampler:
         greedy and none with EOS or stop ids still masked (min_tokens). The
         runner may then ask the model for the argmax alone
         (sluice.model.greedy_head) instead of full logits."""
-        return all(r.params.is_greedy and not self._masks_early_stops(r) for r in requests)
+        return all(r.params.is_greedy and not self._banned_ids(r) for r in requests)
 
-    def _masks_early_stops(self, r: SampleRequest) -> bool:
+    def _banned_ids(self, r: SampleRequest) -> set[int]:
+        """The ids masked for this row: EOS (unless ignored) and its stop
+        ids while it is below min_tokens; none after."""
         p = r.params
-        return r.num_generated < p.min_tokens and bool(p.stop_token_ids or (not p.ignore_eos and self.eos_token_ids))
+        if r.num_generated >= p.min_tokens:
+            return set()
+        banned = set(p.stop_token_ids)
+        if not p.ignore_eos:
+            banned.update(self.eos_token_ids)
+        return banned
 
     def sample(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> list[int]:
         """logits: [N, vocab] (one row per request) -> N token ids."""
@@ -130,12 +137,7 @@ class Sampler:
         rows: list[int] = []
         cols: list[int] = []
         for row, r in enumerate(requests):
-            p = r.params
-            if r.num_generated >= p.min_tokens:
-                continue
-            banned = set(p.stop_token_ids)
-            if not p.ignore_eos:
-                banned.update(self.eos_token_ids)
+            banned = self._banned_ids(r)
             rows.extend([row] * len(banned))
             cols.extend(banned)
         if not rows:
