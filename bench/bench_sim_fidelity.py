@@ -214,12 +214,9 @@ def load_or_calibrate(path: Path, max_age_h: float, quick: bool, force: bool) ->
 
 def print_calibration(found: calibration.Calibration) -> None:
     fit, hw, eff = found.fit, found.hardware, found.efficiency
-    print(f"  fitted {fit['flops_per_s'] / 1e9:.1f} GFLOP/s, {fit['bytes_per_s'] / 1e9:.1f} GB/s, step overhead "
-          f"{eff.step_overhead_s * 1e3:.2f} ms (as {hw.name}: compute {eff.compute:.3f} of "
-          f"{hw.peak_flops_per_s / 1e9:.0f} GFLOP/s, bandwidth {eff.bandwidth:.3f} of "
-          f"{hw.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s); attention "
-          f"{fit.get('attention_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s, "
-          f"{eff.sequence_overhead_s * 1e3:.3f} ms per sequence")
+    print(f"  fitted {calibration.describe_fit(fit)}")
+    print(f"  as {hw.name}: compute {eff.compute:.3f} of {hw.peak_flops_per_s / 1e9:.0f} GFLOP/s, bandwidth "
+          f"{eff.bandwidth:.3f} of {hw.hbm_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
     print(f"  fit error over {len(found.shapes)} step shapes: median {fit['median_relative_error']:.1%}, "
           f"p90 {fit['p90_relative_error']:.1%}, max {fit['max_relative_error']:.1%}")
 

@@ -222,6 +222,62 @@ def test_efficiency_stays_under_the_peak():
         Efficiency(step_overhead_s=-1.0)
 
 
+def test_a_cpu_linear_pays_its_weights_pass_and_then_its_arithmetic():
+    """The CPU form: a step's linears cost the weights' pass plus every
+    token's FLOPs, and so does the LM head; the GPU form takes the larger."""
+    overlapped = make_cost_model(efficiency=Efficiency(step_overhead_s=0.0))
+    adding = make_cost_model(efficiency=Efficiency(step_overhead_s=0.0, linear_overlaps_weights=False))
+    weights_s = 32 * LLAMA_3_8B_LAYER_BYTES_BF16 / (4.8e12 * 0.8)
+    head_weights_s = LLAMA_3_8B_HEAD_BYTES_BF16 / (4.8e12 * 0.8)
+    for batch in (1, 64, 4096):
+        shape = StepShape.of(decodes(batch, 0))
+        flops_s = 32 * 2 * LLAMA_3_8B_LINEAR_PARAMS_PER_LAYER * batch / (989e12 * 0.5)
+        head_flops_s = 2 * 525_336_576 * batch / (989e12 * 0.5)
+        assert adding.step_breakdown(shape).linear_s == pytest.approx(weights_s + flops_s)
+        assert overlapped.step_breakdown(shape).linear_s == pytest.approx(max(weights_s, flops_s))
+        assert adding.step_breakdown(shape).lm_head_s == pytest.approx(head_weights_s + head_flops_s)
+        assert overlapped.step_breakdown(shape).lm_head_s == pytest.approx(max(head_weights_s, head_flops_s))
+        assert adding.step_breakdown(shape).attention_s == overlapped.step_breakdown(shape).attention_s
+
+
+def test_a_prefill_chunk_pays_its_own_call_and_its_contexts_extra_passes():
+    """The CPU's prefill attention: a fixed cost per chunk of more than one
+    token, and its cached context moved `prefill_context_passes` times; a
+    decode (one token) pays neither, whatever its context."""
+    plain = Efficiency(step_overhead_s=0.001, attention_overlaps_kv=False)
+    cpu_like = replace(plain, prefill_chunk_overhead_s=0.0007, prefill_context_passes=3.0)
+    chunk, decode = (64, 2048), (1, 2048)
+    kv_s_per_token = 32 * LLAMA_3_8B_KV_BYTES_PER_TOKEN_LAYER / (4.8e12 * 0.8)
+
+    def extra_s(chunks):
+        shape = StepShape.of(chunks)
+        return make_cost_model(efficiency=cpu_like).step_time_s(shape) - make_cost_model(efficiency=plain).step_time_s(shape)
+
+    assert extra_s([decode] * 8) == pytest.approx(0.0, abs=1e-15)
+    assert extra_s([chunk]) == pytest.approx(0.0007 + 2 * 2048 * kv_s_per_token)
+    assert extra_s([decode] * 8 + [chunk, (16, 0)]) == pytest.approx(2 * 0.0007 + 2 * 2048 * kv_s_per_token)
+    breakdown = make_cost_model(efficiency=cpu_like).step_breakdown(StepShape.of([decode, chunk]))
+    assert breakdown.overhead_s == pytest.approx(0.001 + 0.0007)
+    with pytest.raises(ValueError, match="prefill_context_passes"):
+        Efficiency(prefill_context_passes=0.5)
+    with pytest.raises(ValueError, match="prefill_chunk_overhead_s"):
+        Efficiency(prefill_chunk_overhead_s=-1.0)
+
+
+def test_the_lm_head_can_have_its_own_efficiency():
+    """A CPU's greedy head screens in bfloat16: per sequence it runs faster
+    than the float32 layers, and only the head's time changes."""
+    shape = StepShape.of(decodes(256, 100))
+    base = make_cost_model(efficiency=Efficiency(compute=0.1)).step_breakdown(shape)
+    fast_head = make_cost_model(efficiency=Efficiency(compute=0.1, lm_head_compute=0.8)).step_breakdown(shape)
+    assert base.lm_head_s == pytest.approx(2 * 525_336_576 * 256 / (989e12 * 0.1))
+    assert fast_head.lm_head_s == pytest.approx(max(2 * 525_336_576 * 256 / (989e12 * 0.8),
+                                                    LLAMA_3_8B_HEAD_BYTES_BF16 / (4.8e12 * 0.8)))
+    assert (fast_head.linear_s, fast_head.attention_s) == (base.linear_s, base.attention_s)
+    with pytest.raises(ValueError, match="lm_head_compute"):
+        Efficiency(lm_head_compute=0.0)
+
+
 def test_an_unknown_dtype_fails_at_construction():
     with pytest.raises(ValueError, match="unknown dtype 'int4'"):
         make_cost_model(kv_dtype="int4")
@@ -238,6 +294,10 @@ efficiencies = st.builds(
     attention_compute=st.none() | st.floats(0.01, 1.0),
     sequence_overhead_s=st.floats(0.0, 0.001),
     attention_overlaps_kv=st.booleans(),
+    lm_head_compute=st.none() | st.floats(0.01, 1.0),
+    linear_overlaps_weights=st.booleans(),
+    prefill_chunk_overhead_s=st.floats(0.0, 0.01),
+    prefill_context_passes=st.floats(1.0, 4.0),
 )
 configurations = st.sampled_from([
     (H100, LLAMA_3_8B, 1), (H200, LLAMA_3_8B, 2), (H200, LLAMA_3_70B, 8), (H100, LLAMA_3_70B, 4),

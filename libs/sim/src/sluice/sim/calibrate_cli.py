@@ -26,7 +26,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sluice.sim.calibrate import DEFAULT_OUT, calibrate, default_grid, gpu_grid, tune_process, write_calibration
+from sluice.sim.calibrate import (
+    DEFAULT_OUT, calibrate, default_grid, describe_fit, gpu_grid, tune_process, write_calibration,
+)
 from sluice.sim.model_spec import model_by_name_or_path
 
 DEFAULT_MODEL_DIR = Path(".sluice") / "models" / "tiny-llama"
@@ -127,10 +129,7 @@ def print_calibration(document: dict) -> None:
         print(f"{shape['kind']:<8} {describe_shape(shape['chunks']):<34} {shape['measured_s'] * 1e3:>12.2f} "
               f"{shape['fitted_s'] * 1e3:>10.2f} {shape['relative_error']:>+8.1%}")
     hardware, efficiency = document["hardware"], document["efficiency"]
-    print(f"fitted: {fit['flops_per_s'] / 1e9:.1f} GFLOP/s, {fit['bytes_per_s'] / 1e9:.1f} GB/s, "
-          f"step overhead {fit['step_overhead_s'] * 1e3:.2f} ms; attention "
-          f"{fit.get('attention_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s, "
-          f"{fit.get('sequence_overhead_s', 0.0) * 1e3:.3f} ms per sequence")
+    print(f"fitted: {describe_fit(fit)}")
     print(f"as {hardware['name']}: peak {hardware['peak_flops_per_s'] / 1e9:.1f} GFLOP/s x compute "
           f"{efficiency['compute']:.3f}, {hardware['hbm_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s x bandwidth "
           f"{efficiency['bandwidth']:.3f}")

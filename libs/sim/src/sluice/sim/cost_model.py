@@ -102,6 +102,11 @@ class Efficiency:
     # A CPU's attention kernel runs at a fraction of its GEMMs' FLOP/s (short
     # dot products over scattered KV blocks); a calibration fits it apart.
     attention_compute: float | None = None
+    # The LM head's own compute efficiency; None = `compute`. The CPU
+    # replica's greedy steps screen the head in bfloat16 (AMX or AVX512-BF16
+    # where the CPU has them) and recompute only a few candidates exactly,
+    # so per row it runs several times the float32 layers' FLOP/s.
+    lm_head_compute: float | None = None
     # Per sequence in a step: its share of input preparation, the attention
     # call over its blocks, sampling and the output it hands back. 0 in the
     # GPU presets (batched there); a CPU calibration measures ~0.1 ms.
@@ -110,11 +115,31 @@ class Efficiency:
     # the next tiles while it computes: the larger of the two) or waits for
     # them (the CPU kernel: the two add; its calibration fits better so).
     attention_overlaps_kv: bool = True
+    # Whether a linear layer's arithmetic hides its weight reads (a GPU GEMM
+    # at batch 1 is bandwidth-bound, at batch 512 compute-bound: the larger
+    # of the two) or the two add (the CPU: its packed GEMMs stream the
+    # weights through the core that multiplies them, and a step of 1 token
+    # costs the weights' pass, 64 tokens that pass plus 64 tokens' work).
+    # The same for the LM head.
+    linear_overlaps_weights: bool = True
+    # Per prefill chunk (a sequence with more than one token in the step):
+    # the attention call it gets to itself, beside the decodes' one batched
+    # call. 0 in the GPU presets (one varlen kernel serves the whole mixed
+    # batch); the CPU's per-chunk gather and masked SDPA measure ~0.7 ms.
+    prefill_chunk_overhead_s: float = 0.0
+    # How many times a prefill chunk's cached context crosses memory: 1 for
+    # a kernel that reads the pages in place (decode everywhere, the GPU's
+    # prefill), ~3 for the CPU path that first gathers the pages into one
+    # tensor (read, write, read again).
+    prefill_context_passes: float = 1.0
 
     def __post_init__(self) -> None:
-        for field_name in ("compute", "bandwidth", "link", "attention_compute"):
+        if self.prefill_chunk_overhead_s < 0 or self.prefill_context_passes < 1:
+            raise ValueError(f"prefill_chunk_overhead_s must be >= 0 and prefill_context_passes >= 1, got "
+                             f"{self.prefill_chunk_overhead_s}, {self.prefill_context_passes}")
+        for field_name in ("compute", "bandwidth", "link", "attention_compute", "lm_head_compute"):
             value = getattr(self, field_name)
-            if value is not None and not 0 < value <= 1:  # only attention_compute may be None
+            if value is not None and not 0 < value <= 1:  # only the last two may be None
                 # Above 1 means the hardware's peak is understated: raise the peak instead,
                 # or no step would respect the roofline.
                 raise ValueError(f"efficiency {field_name} must be in (0, 1], got {value}")
@@ -156,6 +181,9 @@ class _StepRates(NamedTuple):
     overhead_s: float
     overhead_s_per_sequence: float
     attention_overlaps_kv: bool
+    linear_overlaps_weights: bool
+    overhead_s_per_prefill_chunk: float
+    kv_s_per_prefill_context_token_again: float  # each pass past the first
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +248,8 @@ class CostModel:
         flops_per_s = self.hardware.peak_flops_per_s * efficiency.compute
         attention_compute = efficiency.compute if efficiency.attention_compute is None else efficiency.attention_compute
         attention_flops_per_s = self.hardware.peak_flops_per_s * attention_compute
+        lm_head_compute = efficiency.compute if efficiency.lm_head_compute is None else efficiency.lm_head_compute
+        lm_head_flops_per_s = self.hardware.peak_flops_per_s * lm_head_compute
         bytes_per_s = self.hardware.hbm_bandwidth_bytes_per_s * efficiency.bandwidth
         weight_bytes = dtype_bytes(self.dtype)
         norm_params = 2 * model.hidden_size
@@ -242,13 +272,17 @@ class CostModel:
             layer_weights_s=model.parameters_per_layer() * weight_bytes / tp / bytes_per_s,
             attention_s_per_pair=4 * model.q_dim / tp / attention_flops_per_s,
             kv_s_per_token_moved=kv_bytes_per_token_per_layer / bytes_per_s,
-            lm_head_s_per_sequence=2 * model.lm_head_parameters() / tp / flops_per_s,
+            lm_head_s_per_sequence=2 * model.lm_head_parameters() / tp / lm_head_flops_per_s,
             lm_head_weights_s=head_params * weight_bytes / tp / bytes_per_s,
             all_reduce_s_per_token=all_reduce_s_per_token,
             all_reduce_fixed_s=all_reduce_fixed_s,
             overhead_s=efficiency.step_overhead_s,
             overhead_s_per_sequence=efficiency.sequence_overhead_s,
             attention_overlaps_kv=efficiency.attention_overlaps_kv,
+            linear_overlaps_weights=efficiency.linear_overlaps_weights,
+            overhead_s_per_prefill_chunk=efficiency.prefill_chunk_overhead_s,
+            kv_s_per_prefill_context_token_again=(efficiency.prefill_context_passes - 1)
+            * kv_bytes_per_token_per_layer / bytes_per_s,
         )
 
     def step_time_s(self, shape: StepShape) -> float:
@@ -267,13 +301,17 @@ class CostModel:
         tokens = shape.num_tokens
         pairs = sum(attended_pairs(num_tokens, context) for num_tokens, context in shape.chunks)
         kv_moved = sum(context + 2 * num_tokens for num_tokens, context in shape.chunks)
-        compute_s, kv_s = pairs * rates.attention_s_per_pair, kv_moved * rates.kv_s_per_token_moved
+        prefills = [context for num_tokens, context in shape.chunks if num_tokens > 1]
+        compute_s = pairs * rates.attention_s_per_pair
+        kv_s = kv_moved * rates.kv_s_per_token_moved + sum(prefills) * rates.kv_s_per_prefill_context_token_again
+        combine = max if rates.linear_overlaps_weights else _add
         return StepTimeBreakdown(
-            linear_s=layers * max(tokens * rates.linear_s_per_token, rates.layer_weights_s),
+            linear_s=layers * combine(tokens * rates.linear_s_per_token, rates.layer_weights_s),
             attention_s=layers * (max(compute_s, kv_s) if rates.attention_overlaps_kv else compute_s + kv_s),
-            lm_head_s=max(len(shape.chunks) * rates.lm_head_s_per_sequence, rates.lm_head_weights_s),
+            lm_head_s=combine(len(shape.chunks) * rates.lm_head_s_per_sequence, rates.lm_head_weights_s),
             all_reduce_s=tokens * rates.all_reduce_s_per_token + rates.all_reduce_fixed_s,
-            overhead_s=rates.overhead_s + len(shape.chunks) * rates.overhead_s_per_sequence,
+            overhead_s=rates.overhead_s + len(shape.chunks) * rates.overhead_s_per_sequence
+            + len(prefills) * rates.overhead_s_per_prefill_chunk,
         )
 
     def linear_flops(self, num_tokens: int) -> float:
@@ -345,30 +383,42 @@ def attended_pairs(num_tokens: int, context_before_tokens: int) -> int:
     return num_tokens * context_before_tokens + num_tokens * (num_tokens + 1) // 2
 
 
+def _add(a: float, b: float) -> float:
+    return a + b
+
+
 def _step_time_s(rates: _StepRates, num_layers: int, chunks: tuple[tuple[int, int], ...]) -> float:
     if not chunks:
         return 0.0
     (linear_s_per_token, layer_weights_s, attention_s_per_pair, kv_s_per_token_moved, lm_head_s_per_sequence,
      lm_head_weights_s, all_reduce_s_per_token, all_reduce_fixed_s, overhead_s, overhead_s_per_sequence,
-     attention_overlaps_kv) = rates
+     attention_overlaps_kv, linear_overlaps_weights, overhead_s_per_prefill_chunk,
+     kv_s_per_prefill_context_token_again) = rates
     # One pass. Twice the pairs, so it stays an integer: sum of n x (2c + n + 1).
-    tokens = context = double_pairs = 0
+    tokens = context = double_pairs = prefill_chunks = prefill_context = 0
     for num_tokens, context_before_tokens in chunks:
         tokens += num_tokens
         context += context_before_tokens
         double_pairs += num_tokens * (2 * context_before_tokens + num_tokens + 1)
+        if num_tokens > 1:  # a prefill chunk: the kernels tell them by their query length too
+            prefill_chunks += 1
+            prefill_context += context_before_tokens
     linear_s = tokens * linear_s_per_token
-    if linear_s < layer_weights_s:
-        linear_s = layer_weights_s
+    lm_head_s = len(chunks) * lm_head_s_per_sequence
+    if not linear_overlaps_weights:
+        linear_s += layer_weights_s
+        lm_head_s += lm_head_weights_s
+    else:
+        if linear_s < layer_weights_s:
+            linear_s = layer_weights_s
+        if lm_head_s < lm_head_weights_s:
+            lm_head_s = lm_head_weights_s
     attention_s = double_pairs * 0.5 * attention_s_per_pair
-    kv_s = (context + 2 * tokens) * kv_s_per_token_moved
+    kv_s = (context + 2 * tokens) * kv_s_per_token_moved + prefill_context * kv_s_per_prefill_context_token_again
     if not attention_overlaps_kv:
         attention_s += kv_s
     elif attention_s < kv_s:
         attention_s = kv_s
-    lm_head_s = len(chunks) * lm_head_s_per_sequence
-    if lm_head_s < lm_head_weights_s:
-        lm_head_s = lm_head_weights_s
     return (num_layers * (linear_s + attention_s) + lm_head_s
             + tokens * all_reduce_s_per_token + all_reduce_fixed_s + overhead_s
-            + len(chunks) * overhead_s_per_sequence)
+            + len(chunks) * overhead_s_per_sequence + prefill_chunks * overhead_s_per_prefill_chunk)
