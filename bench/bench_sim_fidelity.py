@@ -116,7 +116,9 @@ and a JSON line. Exits 0 whatever the verdict; 1 only if the stack fails.
 
 import argparse
 import asyncio
+import bisect
 import itertools
+import json
 import math
 import os
 import random
@@ -402,32 +404,63 @@ def capacity_rate(simulator: Simulator, rows: list[TraceRow], template_tokens: i
     return low
 
 
-def fit_stack_terms(simulator: Simulator, requests: list[SimRequest], real: dict, per: str = "sequence") -> StackTerms:
-    """On the fit slice: the engine term (`sequence_s`, per sequence in a
-    step, or with `per="step"` a fixed `step_s`) to the real step count
-    (the median ITL without one), `delivery_s` to the p90 ITL over those
-    emissions, then `request_s` = the real median TTFT minus the simulated
-    one (a constant shift, so exact)."""
+def fit_stack_terms(simulator: Simulator, requests: list[SimRequest], real: dict, per: str = "both") -> StackTerms:
+    """On the fit slice: the engine side's stack cost, then `delivery_s` to
+    the p90 ITL over those emissions, then `request_s` = the real median
+    TTFT minus the simulated one (a constant shift, so exact). The engine
+    side, by `per`:
+      "both"      a cost per step (`step_s`) and one per sequence in it
+                  (`sequence_s`): together the real step count, and the
+                  share per sequence the real median ITL (the more of the
+                  cost rides on the sequences, the longer the busy steps
+                  every token waits out, at the same count);
+      "sequence"  `sequence_s` alone, to the real step count;
+      "step"      `step_s` alone, to the real step count.
+    Without a real step count (the counter could not be read), `step_s`
+    alone to the median ITL."""
     efficiency = simulator.cost.efficiency
-    if per == "sequence":
-        field, low, high = "sequence_s", -0.9 * efficiency.sequence_overhead_s, 0.002
+    sequence_low, sequence_high = -0.9 * efficiency.sequence_overhead_s, 0.002
+    step_low, step_high = -min(0.001, 0.9 * efficiency.step_overhead_s), 0.02
+
+    def bisect_term(field: str, low: float, high: float, fixed: StackTerms, iterations: int = 12) -> StackTerms:
+        """`field` of `fixed` set so the simulated replica runs as many
+        steps as the real one (or as slow a median ITL)."""
+        def too_fast(value: float) -> bool:
+            terms = replace(fixed, **{field: value})
+            emitted = simulator.emit(requests, terms.step_s, terms.sequence_s)
+            if real["steps"]:
+                return emitted.steps > real["steps"]
+            return simulator.figures(emitted, terms)["ITL p50 ms"] < real["ITL p50 ms"]
+
+        for _ in range(iterations):
+            middle = (low + high) / 2
+            low, high = (middle, high) if too_fast(middle) else (low, middle)
+        return replace(fixed, **{field: (low + high) / 2})
+
+    if per == "sequence" and real["steps"]:
+        terms = bisect_term("sequence_s", sequence_low, sequence_high, StackTerms())
+    elif per == "step" or not real["steps"]:
+        terms = bisect_term("step_s", step_low, step_high, StackTerms())
     else:
-        field, low, high = "step_s", -min(0.001, 0.9 * efficiency.step_overhead_s), 0.02
+        def at_count(sequence_s: float) -> StackTerms:
+            return bisect_term("step_s", step_low, step_high, StackTerms(sequence_s=sequence_s), iterations=10)
 
-    def engine_terms(value: float) -> StackTerms:
-        return StackTerms(**{field: value})
+        def itl_p50_ms(terms: StackTerms) -> float:
+            return simulator.figures(simulator.emit(requests, terms.step_s, terms.sequence_s), terms)["ITL p50 ms"]
 
-    def too_fast(value: float) -> bool:
-        terms = engine_terms(value)
-        emitted = simulator.emit(requests, terms.step_s, terms.sequence_s)
-        if real["steps"]:
-            return emitted.steps > real["steps"]
-        return simulator.figures(emitted, terms)["ITL p50 ms"] < real["ITL p50 ms"]
-
-    for _ in range(12):
-        middle = (low + high) / 2
-        low, high = (middle, high) if too_fast(middle) else (low, middle)
-    terms = engine_terms((low + high) / 2)
+        # The most the sequences can carry: all of it, with the step term at its floor.
+        all_on_sequences = bisect_term("sequence_s", sequence_low, sequence_high, StackTerms(step_s=step_low))
+        low, high = sequence_low, all_on_sequences.sequence_s
+        terms = at_count(low)
+        if itl_p50_ms(terms) < real["ITL p50 ms"]:
+            terms = all_on_sequences
+            if itl_p50_ms(terms) > real["ITL p50 ms"]:
+                for _ in range(8):
+                    middle = at_count((low + high) / 2)
+                    if itl_p50_ms(middle) < real["ITL p50 ms"]:
+                        low = middle.sequence_s
+                    else:
+                        high, terms = middle.sequence_s, middle
     emitted = simulator.emit(requests, terms.step_s, terms.sequence_s)
     low, high = 0.0, 0.05
     for _ in range(16):
@@ -599,6 +632,42 @@ def print_ttft_by_prompt(records: list[RequestRecord], requests: list[SimRequest
               f"p90 {real['p90'] * 1e3:6.1f} vs {sim['p90'] * 1e3:6.1f}")
 
 
+BURST_BUCKETS = ((0, 10), (10, 20), (20, 1 << 30))
+
+
+def print_ttft_by_burst(records: list[RequestRecord], requests: list[SimRequest], simulated: dict[str, float]) -> None:
+    """Whether the TTFT error follows the load: by how many requests arrived
+    in the second before each one. The stack's gateway, router and scheduler
+    take CPU per arrival from the replica's cores; the simulator's way in is
+    a constant, so an error that grows with the burst is theirs."""
+    arrivals = sorted(request.arrival_s for request in requests)
+    print("  TTFT by arrivals in the second before (real vs sim +stack, ms):")
+    for low, high in BURST_BUCKETS:
+        pairs = [(record.ttft_s, simulated[request.request_id]) for record, request in zip(records, requests)
+                 if low <= bisect.bisect_left(arrivals, request.arrival_s) - bisect.bisect_left(
+                     arrivals, request.arrival_s - 1.0) < high
+                 and record.ttft_s is not None and request.request_id in simulated]
+        if not pairs:
+            continue
+        real, sim = (percentiles([pair[side] for pair in pairs], (50, 90)) for side in (0, 1))
+        label = f"{low}-{high - 1}" if high < 1 << 30 else f"{low}+"
+        print(f"    {label:>9}: {len(pairs):>5} requests; p50 {real['p50'] * 1e3:6.1f} vs {sim['p50'] * 1e3:6.1f}, "
+              f"p90 {real['p90'] * 1e3:6.1f} vs {sim['p90'] * 1e3:6.1f}")
+
+
+def write_requests(path: Path, name: str, replays: list, requests: list[SimRequest],
+                   simulated: dict[str, float]) -> None:
+    """One JSON line per request of a slice: what was sent, every replay's
+    TTFT and the simulated one, for a closer look than the percentiles."""
+    with path.open("a", encoding="utf-8") as out:
+        for index, request in enumerate(requests):
+            out.write(json.dumps({
+                "slice": name, "request_id": request.request_id, "arrival_s": round(request.arrival_s, 6),
+                "prompt_tokens": request.prompt_tokens, "output_tokens": request.output_tokens,
+                "real_ttft_s": [r.records[index].ttft_s for r in replays],
+                "sim_ttft_s": simulated.get(request.request_id)}) + "\n")
+
+
 def print_side_by_side(name: str, real: dict, engine_only: dict, with_terms: dict) -> dict[str, float]:
     print(f"{name}: real served {real['served']} (refused/failed {real['refused']}), engine steps "
           f"{real['steps']}; sim served {with_terms['served']} (refused {with_terms['refused']}), steps "
@@ -630,7 +699,11 @@ async def main() -> int:
     parser.add_argument("--rate", type=float, default=None, help="requests per second (overrides --load)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=REPEATS, help="replays of each slice (medians judged)")
+    parser.add_argument("--requests-out", type=Path, default=None,
+                        help="write each request's real and simulated TTFT here (JSON lines; the file is replaced)")
     args = parser.parse_args()
+    if args.requests_out:
+        args.requests_out.write_text("", encoding="utf-8")
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     fit_s, validate_s = (20.0, 30.0) if args.quick else (60.0, 120.0)
@@ -705,15 +778,21 @@ async def main() -> int:
         cores[name] = {party: max(r.cores[party] for r in replays[name]) for party in first.cores}
         print_replays(name, runs)
         results[name] = {"real": median_figures(runs), "engine": simulator.run(requests[name])}
-    # The per-step alternative, for comparison only: the verdict is on the per-sequence fit.
-    step_terms = fit_stack_terms(simulator, requests["fit"], results["fit"]["real"], per="step")
-    step_errors = {figure: relative_error(simulator.run(requests["validation"], step_terms)[figure],
-                                          results["validation"]["real"][figure]) for figure in FIGURES}
-    print(f"for comparison, a fixed per-step term instead ({step_terms.step_s * 1e3:.2f} ms per step, "
-          f"{step_terms.delivery_s * 1e3:.2f} ms delivery): validation errors "
-          + ", ".join(f"{figure} {error:+.1%}" for figure, error in step_errors.items()))
+    # The one-term alternatives, for comparison only: the verdict is on the two-term fit.
+    alternatives = {}
+    for per in ("step", "sequence"):
+        alternative = fit_stack_terms(simulator, requests["fit"], results["fit"]["real"], per=per)
+        alternative_errors = {figure: relative_error(simulator.run(requests["validation"], alternative)[figure],
+                                                     results["validation"]["real"][figure]) for figure in FIGURES}
+        alternatives[per] = {"step_s": alternative.step_s, "sequence_s": alternative.sequence_s,
+                             "delivery_s": alternative.delivery_s, "request_s": alternative.request_s,
+                             "validation_errors": alternative_errors}
+        print(f"for comparison, a per-{per} term alone ({alternative.step_s * 1e3:.3f} ms per step, "
+              f"{alternative.sequence_s * 1e3:.3f} ms per sequence, {alternative.delivery_s * 1e3:.2f} ms delivery): "
+              "validation errors " + ", ".join(f"{figure} {error:+.1%}" for figure, error in alternative_errors.items()))
     terms = fit_stack_terms(simulator, requests["fit"], results["fit"]["real"])
-    print(f"stack terms (fitted on the fit slice): {terms.sequence_s * 1e3:.3f} ms per sequence per step, "
+    print(f"stack terms (fitted on the fit slice): {terms.step_s * 1e3:.3f} ms per step and "
+          f"{terms.sequence_s * 1e3:.3f} ms per sequence in it, "
           f"{terms.request_s * 1e3:.1f} ms on the way in, {terms.delivery_s * 1e3:.2f} ms mean delay per token "
           f"on the way out")
     errors = {}
@@ -723,7 +802,11 @@ async def main() -> int:
         errors[name] = print_side_by_side(f"{name} slice" + (" (in-sample for the stack terms)" if name == "fit"
                                                               else ""), results[name]["real"],
                                           results[name]["engine"], results[name]["stack"])
-        print_ttft_by_prompt(replays[name][0].records, requests[name], simulator.ttfts_s(emitted, terms))
+        simulated = simulator.ttfts_s(emitted, terms)
+        print_ttft_by_prompt(replays[name][0].records, requests[name], simulated)
+        print_ttft_by_burst(replays[name][0].records, requests[name], simulated)
+        if args.requests_out:
+            write_requests(args.requests_out, name, replays[name], requests[name], simulated)
     worst = max(abs(e) if not math.isnan(e) else math.inf for e in errors["validation"].values())
     print(verdict(None if math.isinf(worst) else worst <= TOLERANCE,
                   f"validation slice, simulator with stack terms: every figure within {TOLERANCE:.0%} of the "
@@ -741,9 +824,8 @@ async def main() -> int:
                simulated_capacity_per_s=simulated_capacity, quick=args.quick,
                calibration_median_error=found.fit["median_relative_error"],
                calibration_max_error=found.fit["max_relative_error"],
-               stack_sequence_s=terms.sequence_s, stack_request_s=terms.request_s, stack_delivery_s=terms.delivery_s,
-               per_step_alternative={"step_s": step_terms.step_s, "delivery_s": step_terms.delivery_s,
-                                     "request_s": step_terms.request_s, "validation_errors": step_errors},
+               stack_step_s=terms.step_s, stack_sequence_s=terms.sequence_s, stack_request_s=terms.request_s,
+               stack_delivery_s=terms.delivery_s, one_term_alternatives=alternatives,
                **{f"{name}_{side}": {k: v for k, v in figs.items()} for name, sides in results.items()
                   for side, figs in sides.items()},
                validation_errors=errors["validation"], worst_validation_error=worst, cpu_cores=cores,
