@@ -66,33 +66,33 @@ with the same requests on this machine?
     with the gateway, router, scheduler and client on the same 2 cores; the
     request's way in (gateway -> router -> scheduler -> replica); each
     token's way out, whose delays vary (under load tokens reach the client
-    bunched). Three documented terms, fitted on the fit slice only and then
+    bunched). Four documented terms, fitted on the fit slice only and then
     held fixed for the validation slice, each by bisection:
-      sequence_s  added to every simulated step for each sequence in it;
-                  sets the simulated replica's step count to the real
-                  replica's (its sluice_engine_steps_total over the slice:
-                  the pace of its loop, whatever happens to the tokens after
-                  it; the median ITL instead where the counter could not be
-                  read); down to -90% of the calibrated per-sequence
-                  overhead, for a slice whose real steps run faster than the
-                  calibration's (the machine's pace moves between the
-                  calibration and the slices)
+      step_s and  added to every simulated step, and to it for each
+      sequence_s  sequence in it. Together they set the simulated replica's
+                  step count to the real replica's (its
+                  sluice_engine_steps_total over the slice: the pace of its
+                  loop, whatever happens to the tokens after it), and the
+                  share on the sequences sets the median ITL to the real
+                  one: at the same count, the more of the cost rides on the
+                  sequences, the longer the busy steps every token waits
+                  out. Down to -90% of the calibrated overheads, for a slice
+                  whose real steps run faster than the calibration's (the
+                  machine's pace moves between the calibration and the
+                  slices). Without a step count (the counter could not be
+                  read), step_s alone to the median ITL.
       delivery_s  the mean of an exponential delay added to each token on
                   its way out, never overtaking the token before (one
                   stream); sets the simulated p90 ITL to the real one where
                   the steps alone leave it short (else 0)
       request_s   added to every TTFT (the way in); sets the median TTFT
-    Per sequence, not per step, because that is the shape the cost was
-    measured to have: a regression of every real step's time on its shape
-    (7,600 steps of a traced run, 2026-12-05) left the stack ~0.1 ms per
-    sequence beyond the engine's own cost and a slightly negative constant
-    (the servicer's per-token work under the engine's GIL); this fit gave
-    0.155 ms on a full run that day. It did not close the gap on the busier
-    validation slice any better than a fixed per-step term (TTFT p90 -28%
-    against -29%, ITL p90 -23% against -24%), so the per-step fit is still
-    computed and its validation errors printed beside, for comparison; what
-    both miss there is the long prompts' prefill steps (prompts of 512+
-    tokens: TTFT p50 199 ms real against 145 simulated). Other work on
+    Both engine-side shapes are real: the replica's loop costs something
+    every step (commands, snapshot, output sinks) and its gRPC servicer
+    something per token it hands out, under the engine's GIL. Either alone
+    missed (2026-12-05, production trace, quick slices): per step only, the
+    ITL p90 came out 12% long; per sequence only, the ITL p50 10% long; so
+    each one-term fit is still computed and its validation errors printed
+    beside, for comparison. Other work on
     the machine moves these terms from one slice to the next, so the CPU it
     took over each slice is printed (/proc/stat less the stack's processes
     and this client's); a slice starts once other work is under 0.2 cores,
@@ -366,6 +366,14 @@ class Simulator:
             end_s = max(end_s, delivered[-1])
         return figures(output_tokens=output_tokens, end_s=end_s, ttfts_s=ttfts, gaps_s=gaps,
                        served=len(emitted.streams), refused=emitted.refused, steps=emitted.steps)
+
+    def samples_s(self, emitted: Emitted, terms: StackTerms) -> tuple[list[float], list[float]]:
+        """(every TTFT, every inter-token gap) as the client would see them, for the plot."""
+        ttfts, gaps = [], []
+        for _, arrival_s, delivered in self.delivered(emitted, terms):
+            ttfts.append(delivered[0] - arrival_s)
+            gaps.extend(b - a for a, b in zip(delivered, delivered[1:]))
+        return ttfts, gaps
 
     def ttfts_s(self, emitted: Emitted, terms: StackTerms) -> dict[str, float]:
         return {request_id: delivered[0] - arrival_s
@@ -699,6 +707,8 @@ async def main() -> int:
     parser.add_argument("--rate", type=float, default=None, help="requests per second (overrides --load)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=REPEATS, help="replays of each slice (medians judged)")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG of TTFT and inter-token CDFs per slice: every real replay and the simulator")
     parser.add_argument("--requests-out", type=Path, default=None,
                         help="write each request's real and simulated TTFT here (JSON lines; the file is replaced)")
     args = parser.parse_args()
@@ -795,7 +805,7 @@ async def main() -> int:
           f"{terms.sequence_s * 1e3:.3f} ms per sequence in it, "
           f"{terms.request_s * 1e3:.1f} ms on the way in, {terms.delivery_s * 1e3:.2f} ms mean delay per token "
           f"on the way out")
-    errors = {}
+    errors, panels = {}, {}
     for name in ("fit", "validation"):
         emitted = simulator.emit(requests[name], terms.step_s, terms.sequence_s)
         results[name]["stack"] = simulator.figures(emitted, terms)
@@ -807,6 +817,19 @@ async def main() -> int:
         print_ttft_by_burst(replays[name][0].records, requests[name], simulated)
         if args.requests_out:
             write_requests(args.requests_out, name, replays[name], requests[name], simulated)
+        if args.plot:
+            sim_ttfts, sim_gaps = simulator.samples_s(emitted, terms)
+            ok = [[r for r in replay.records if r.status == 200 and r.finished] for replay in replays[name]]
+            panels[f"{name} slice: TTFT"] = {
+                **{f"real, replay {i + 1}": [r.ttft_s for r in records if r.ttft_s is not None]
+                   for i, records in enumerate(ok)}, "simulated": sim_ttfts}
+            panels[f"{name} slice: inter-token time"] = {
+                **{f"real, replay {i + 1}": [g for r in records for g in r.inter_token_gaps_s()]
+                   for i, records in enumerate(ok)}, "simulated": sim_gaps}
+    if args.plot:
+        from sluice.sim.plots import cdf_panels
+
+        print(f"plot: {cdf_panels(panels, args.plot, title=f'real stack vs calibrated simulator, {source}')}")
     worst = max(abs(e) if not math.isnan(e) else math.inf for e in errors["validation"].values())
     print(verdict(None if math.isinf(worst) else worst <= TOLERANCE,
                   f"validation slice, simulator with stack terms: every figure within {TOLERANCE:.0%} of the "

@@ -102,3 +102,19 @@ def test_the_plan_command_writes_its_plots_and_sweep(tmp_path, matplotlib):
     assert set(document["policies"]) == {"sluice", "fcfs-no-chunk", "chunked-unfair", "no-kv-admission"}
     assert [rate for rate, _ in document["sweep"]["goodput_rps"]["sluice"]] == [1.5, 3.0]
     assert document["timings_s"]["sweep"] >= 0
+
+
+def test_cdf_panels_draw_each_source_and_hide_the_spare_panel(tmp_path, matplotlib):
+    """The fidelity bench's plot: a panel per slice and metric, a line per
+    real replay and one for the simulator; an odd count leaves a blank cell
+    hidden, and zero or negative samples (no gap) are left off the log axis."""
+    panels = {
+        "fit slice: TTFT": {"real, replay 1": [0.02, 0.03, 0.05], "simulated": [0.021, 0.029, 0.06]},
+        "fit slice: inter-token time": {"real, replay 1": [0.005] * 50 + [0.0], "simulated": [0.006] * 40},
+        "validation slice: TTFT": {"real, replay 1": [0.03, 0.04], "real, replay 2": [0.031], "simulated": []},
+    }
+    path = plots.cdf_panels(panels, tmp_path / "deep" / "fidelity.png", title="real vs sim")
+    assert path == tmp_path / "deep" / "fidelity.png"
+    assert_png(path)
+    # The same panels drawn again give the same picture: nothing global carried over.
+    assert plots.cdf_panels(panels, tmp_path / "again.png", title="real vs sim").read_bytes() == path.read_bytes()

@@ -4,6 +4,8 @@
                                             one line per policy
     kv_occupancy(results, path)             each replica's KV occupancy over time
     goodput_vs_rate(points, path)           goodput against arrival rate, one line per policy
+    cdf_panels(panels, path)                any samples' CDFs, a panel each, a line per source
+                                            (the fidelity bench: real stack against simulator)
 
 matplotlib is imported when a plot is drawn, never when this module is, so
 the simulator runs without it; a missing matplotlib raises an ImportError
@@ -127,6 +129,35 @@ def goodput_vs_rate(points: Mapping[str, Sequence[tuple[float, float]]], path: s
     axes.grid(True, alpha=0.3)
     if axes.has_data():
         axes.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def cdf_panels(panels: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path,
+               title: str | None = None, columns: int = 2) -> Path:
+    """`panels[name][source]` = samples in seconds: a panel per name, in
+    order, `columns` across, a CDF line per source; log-scaled time."""
+    new_figure = _figure_class()
+    rows = max(1, -(-len(panels) // columns))
+    figure = new_figure(figsize=(5.0 * columns, 4.0 * rows), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False)
+    for index, (name, by_source) in enumerate(panels.items()):
+        target = axes[index // columns][index % columns]
+        for source, values in by_source.items():
+            xs, ys = _cdf(value for value in values if value > 0)
+            if xs:
+                target.step(xs, ys, where="post", label=f"{source} ({len(values):,})")
+        target.set_title(name)
+        target.set_xlabel("seconds")
+        target.set_ylabel("share")
+        target.set_ylim(0, 1.01)
+        target.grid(True, which="both", alpha=0.3)
+        if target.has_data():
+            target.set_xscale("log")
+            target.legend(fontsize="small", loc="lower right")
+    for index in range(len(panels), rows * columns):
+        axes[index // columns][index % columns].set_visible(False)
+    if title:
+        figure.suptitle(title)
     return _save(figure, path)
 
 
