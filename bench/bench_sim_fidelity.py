@@ -829,7 +829,9 @@ async def main() -> int:
     if args.plot:
         from sluice.sim.plots import cdf_panels
 
-        print(f"plot: {cdf_panels(panels, args.plot, title=f'real stack vs calibrated simulator, {source}')}")
+        workload = f"trace {args.trace.name}" if args.trace else "generated trace-like workload"
+        title = f"real one-replica stack vs calibrated simulator, {workload} ({cpu_model()}, {time.strftime('%Y-%m-%d')})"
+        print(f"plot: {cdf_panels(panels, args.plot, title=title, min_s=0.001)}")
     worst = max(abs(e) if not math.isnan(e) else math.inf for e in errors["validation"].values())
     print(verdict(None if math.isinf(worst) else worst <= TOLERANCE,
                   f"validation slice, simulator with stack terms: every figure within {TOLERANCE:.0%} of the "

@@ -133,9 +133,11 @@ def goodput_vs_rate(points: Mapping[str, Sequence[tuple[float, float]]], path: s
 
 
 def cdf_panels(panels: Mapping[str, Mapping[str, Sequence[float]]], path: str | Path,
-               title: str | None = None, columns: int = 2) -> Path:
+               title: str | None = None, columns: int = 2, min_s: float | None = None) -> Path:
     """`panels[name][source]` = samples in seconds: a panel per name, in
-    order, `columns` across, a CDF line per source; log-scaled time."""
+    order, `columns` across, a CDF line per source; log-scaled time, from
+    `min_s` where given (a few bunched tokens' near-zero gaps would
+    otherwise stretch the axis over decades nobody reads)."""
     new_figure = _figure_class()
     rows = max(1, -(-len(panels) // columns))
     figure = new_figure(figsize=(5.0 * columns, 4.0 * rows), layout="constrained")
@@ -153,6 +155,8 @@ def cdf_panels(panels: Mapping[str, Mapping[str, Sequence[float]]], path: str | 
         target.grid(True, which="both", alpha=0.3)
         if target.has_data():
             target.set_xscale("log")
+            if min_s is not None:
+                target.set_xlim(left=min_s)
             target.legend(fontsize="small", loc="lower right")
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
