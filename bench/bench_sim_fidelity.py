@@ -198,7 +198,8 @@ def load_or_calibrate(path: Path, max_age_h: float, quick: bool, force: bool) ->
                      and found.host.get("device", "cpu") == "cpu"
                      and found.host.get("weights", "checkpoint") == "checkpoint"
                      and found.host.get("cpu_model") == cpu_model()
-                     and found.host.get("torch_threads") == TORCH_THREADS)
+                     and found.host.get("torch_threads") == TORCH_THREADS
+                     and found.host.get("blocks_scattered_over") == int(ENV["SLUICE_KV_CACHE_BLOCKS"]))
             if fresh:
                 print(f"calibration: {path}, made {found.age_s / 3600:.1f} h ago on this CPU")
                 return found
@@ -207,8 +208,11 @@ def load_or_calibrate(path: Path, max_age_h: float, quick: bool, force: bool) ->
             print(f"calibration: {error}; measuring again")
     calibration.tune_process(TORCH_THREADS)
     started = time.monotonic()
+    # Over the replica's pool, scattered: by the time the slices run, the
+    # warm-up and the capacity loop have cycled its prefix cache through it.
     _, _, document = calibration.calibrate(MODEL_DIR, TINY_LLAMA, grid=calibration.default_grid(quick),
-                                           repetitions=3 if quick else 6)
+                                           repetitions=3 if quick else 6,
+                                           scatter_over_blocks=int(ENV["SLUICE_KV_CACHE_BLOCKS"]))
     calibration.write_calibration(path, document)
     print(f"calibration: measured in {time.monotonic() - started:.0f} s, wrote {path}")
     return calibration.read_calibration(path)

@@ -226,3 +226,18 @@ def test_cache_events_are_the_net_change_between_drains():
     _computed(blocks, "b", [1, 2])  # ...and stored again (in another block)
     assert blocks.drain_cache_events() == ()  # still cached, as at the last drain
     assert blocks.cached_block_hashes() == frozenset(one)
+
+
+def test_free_blocks_are_handed_out_in_the_given_order_then_as_freed():
+    """A pool whose blocks come out scattered, as a long-serving replica's
+    do (the calibration times steps in that state); by default 0, 1, 2, ..."""
+    assert BlockManager(num_blocks=4, block_size_tokens=2).allocate("a", 8).block_ids == (0, 1, 2, 3)
+    blocks = BlockManager(num_blocks=6, block_size_tokens=2, free_order=[4, 0, 5, 2, 1, 3])
+    assert blocks.allocate("a", 6).block_ids == (4, 0, 5)
+    blocks.free("a")  # freed blocks come back first (warm), last freed first
+    assert blocks.allocate("b", 4).block_ids[0] in {4, 0, 5}
+    assert blocks.num_free_blocks == 4
+    with pytest.raises(ValueError, match="permutation"):
+        BlockManager(num_blocks=3, free_order=[0, 1, 1])
+    with pytest.raises(ValueError, match="permutation"):
+        BlockManager(num_blocks=3, free_order=[0, 1])

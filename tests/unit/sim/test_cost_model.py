@@ -264,6 +264,21 @@ def test_a_prefill_chunk_pays_its_own_call_and_its_contexts_extra_passes():
         Efficiency(prefill_chunk_overhead_s=-1.0)
 
 
+def test_kv_reads_can_have_a_bandwidth_of_their_own():
+    """Scattered KV blocks read slower than the weights stream: only the
+    attention's reads change, prefill contexts' extra passes with them."""
+    shape = StepShape.of(decodes(64, 4000) + [(512, 8000)])
+    waiting = Efficiency(attention_overlaps_kv=False, prefill_context_passes=2.0)
+    base = make_cost_model(efficiency=waiting).step_breakdown(shape)
+    slow = make_cost_model(efficiency=replace(waiting, kv_bandwidth=0.4)).step_breakdown(shape)
+    kv_tokens = 64 * (4000 + 2) + (8000 + 2 * 512) + 8000  # the chunk's context once more
+    kv_s = 32 * kv_tokens * LLAMA_3_8B_KV_BYTES_PER_TOKEN_LAYER / 4.8e12
+    assert slow.attention_s - base.attention_s == pytest.approx(kv_s / 0.4 - kv_s / 0.8)
+    assert (slow.linear_s, slow.lm_head_s) == (base.linear_s, base.lm_head_s)
+    with pytest.raises(ValueError, match="kv_bandwidth"):
+        Efficiency(kv_bandwidth=1.5)
+
+
 def test_the_lm_head_can_have_its_own_efficiency():
     """A CPU's greedy head screens in bfloat16: per sequence it runs faster
     than the float32 layers, and only the head's time changes."""
@@ -295,6 +310,7 @@ efficiencies = st.builds(
     sequence_overhead_s=st.floats(0.0, 0.001),
     attention_overlaps_kv=st.booleans(),
     lm_head_compute=st.none() | st.floats(0.01, 1.0),
+    kv_bandwidth=st.none() | st.floats(0.01, 1.0),
     linear_overlaps_weights=st.booleans(),
     prefill_chunk_overhead_s=st.floats(0.0, 0.01),
     prefill_context_passes=st.floats(1.0, 4.0),

@@ -183,6 +183,10 @@ class TimingEngine(NamedTuple):
     block_size_tokens: int
     max_model_len_tokens: int
     vocab_size: int
+    # Where set, each point's blocks are handed out in a random order (seeded
+    # by this) over the whole pool, as a replica that has served a while
+    # hands them out; else 0, 1, 2, ... as a fresh one does.
+    scatter_seed: str | None = None
 
 
 def _import_engine():
@@ -301,7 +305,11 @@ class PointRun:
             interactive_preempt_after_s=None, long_prefill_chunk_tokens=0, prefill_depth_scale_tokens=0,
             batch_prefill_tokens_beside_interactive=0, interactive_recent_s=0.0,
         )
-        self.core = IterationScheduler(config, BlockManager(engine.num_blocks, engine.block_size_tokens))
+        free_order = None
+        if engine.scatter_seed is not None:
+            free_order = list(range(engine.num_blocks))
+            random.Random(f"{engine.scatter_seed}:{point}").shuffle(free_order)
+        self.core = IterationScheduler(config, BlockManager(engine.num_blocks, engine.block_size_tokens, free_order))
         self._serial = 0
         self.prefix = self._tokens(point.prefill_depth_tokens)
         if point.prefill_depth_tokens:  # its blocks stay cached: each timed chunk hits them
@@ -370,12 +378,21 @@ def _shape(plan: StepPlan) -> StepShape:
 def measure_step_times(
     model: str | os.PathLike[str] | ModelSpec, grid: Sequence[GridPoint] | None = None, *, repetitions: int = 6,
     passes: int = 2, warmup_steps: int = 1, dtype: str = "float32", block_size_tokens: int = 16, seed: int = 0,
-    device: str = "cpu", progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu", progress: Callable[[int, int], None] | None = None, scatter_over_blocks: int = 0,
 ) -> list[StepTiming]:
     """Time every grid point on `model` (a checkpoint directory, or a
     ModelSpec for random weights of its shape) on `device`, `repetitions`
     samples each split over `passes` sweeps. Call `tune_process` first, as
-    the replica tunes itself at start-up, so the timings are its."""
+    the replica tunes itself at start-up, so the timings are its.
+
+    `scatter_over_blocks` > 0: a pool of that many blocks (or what the grid
+    needs, if more), each point's blocks scattered over it at random, the
+    state of a replica whose prefix cache has cycled through its pool (its
+    LRU evictions hand out blocks from anywhere). On the dev box a decode
+    step over scattered blocks took 1.3-1.4x one over consecutive blocks
+    (tiny model, 8,192 blocks, 16-64 decodes at 256-1,024 tokens; Intel
+    Xeon, 2026-12-05), so a calibration of a fresh pool undercounts what a
+    serving replica pays after its first ~100k tokens."""
     grid = tuple(default_grid() if grid is None else grid)
     if repetitions < 1 or passes < 1 or warmup_steps < 0:
         raise ValueError("repetitions and passes must be >= 1, warmup_steps >= 0")
@@ -383,7 +400,10 @@ def measure_step_times(
     per_pass = [repetitions // passes + (i < repetitions % passes) for i in range(passes)]
     steps = max(per_pass) + warmup_steps
     source = model if isinstance(model, ModelSpec) else Path(model)
-    engine = build_timing_engine(source, blocks_needed(grid, steps, block_size_tokens), block_size_tokens, dtype, device)
+    num_blocks = max(blocks_needed(grid, steps, block_size_tokens), scatter_over_blocks)
+    engine = build_timing_engine(source, num_blocks, block_size_tokens, dtype, device)
+    if scatter_over_blocks > 0:
+        engine = engine._replace(scatter_seed=f"{seed}:scatter")
     rng = random.Random(f"{seed}:calibrate")
     samples: list[list[tuple[StepShape, float, float]]] = [[] for _ in grid]
     done = 0
@@ -421,6 +441,7 @@ class Fit:
     relative_errors: tuple[float, ...]  # (fitted - measured) / measured
     attention_flops_per_s: float
     lm_head_flops_per_s: float | None = None  # None: flops_per_s
+    kv_bytes_per_s: float | None = None  # None: bytes_per_s
 
     @property
     def median_relative_error(self) -> float:
@@ -442,6 +463,7 @@ class Rates(NamedTuple):
     prefill_chunk_overhead_s: float = 0.0  # per prefill chunk in a step
     prefill_context_passes: float = 1.0  # times a prefill chunk's cached context is moved
     lm_head_flops_per_s: float | None = None  # None: flops_per_s
+    kv_bytes_per_s: float | None = None  # None: bytes_per_s
 
 
 class Form(NamedTuple):
@@ -472,11 +494,15 @@ MAX_HEAD_SPEEDUP = 5.0
 
 def _rates_of(x: Sequence[float]) -> Rates:
     """The fit's free variables: the logs of five rates and costs, the log of
-    the per-chunk cost, the log of the passes past the first, and the LM
-    head's rate as a logistic share of MAX_HEAD_SPEEDUP x the linears'."""
-    *logs, log_chunk_s, log_passes_again, head_logit = x
+    the per-chunk cost, the log of the passes past the first, the LM head's
+    rate as a logistic share of MAX_HEAD_SPEEDUP x the linears', and the KV
+    reads' bandwidth as a logistic share of the weights' (scattered blocks
+    never stream faster than the weights do; where attention hides its reads
+    the data cannot tell, and a free rate would wander off to anything)."""
+    *logs, log_chunk_s, log_passes_again, head_logit, kv_logit = x
     rates = Rates(*(math.exp(v) for v in logs), math.exp(log_chunk_s), 1.0 + math.exp(log_passes_again))
-    return rates._replace(lm_head_flops_per_s=rates.flops_per_s * MAX_HEAD_SPEEDUP / (1.0 + math.exp(-head_logit)))
+    return rates._replace(lm_head_flops_per_s=rates.flops_per_s * MAX_HEAD_SPEEDUP / (1.0 + math.exp(-head_logit)),
+                          kv_bytes_per_s=rates.bytes_per_s / (1.0 + math.exp(-kv_logit)))
 
 
 def _head_logit(speedup: float) -> float:
@@ -486,7 +512,7 @@ def _head_logit(speedup: float) -> float:
 
 def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardware | str = "cpu",
                    dtype: str = "fp32") -> Fit:
-    """Least squares on log step time over the eight `Rates` (see `_rates_of`
+    """Least squares on log step time over the nine `Rates` (see `_rates_of`
     for how each is a free variable): Nelder-Mead from the best few
     of a coarse grid of starts (the roofline's max() makes the loss kinked,
     so no gradients), for each of the four `FORMS`, the closest kept.
@@ -503,17 +529,17 @@ def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardwa
         and on the mixed steps a serving replica runs (4-48 decodes beside a
         16-128-token chunk) the model had come out 10-30% fast (tiny model,
         Intel Xeon, one thread, 2026-12-05)."""
-    if len(timings) < 8:
-        raise ValueError(f"a fit of 8 terms needs at least 8 timings, got {len(timings)}")
+    if len(timings) < 9:
+        raise ValueError(f"a fit of 9 terms needs at least 9 timings, got {len(timings)}")
     base = hardware_by_name(base) if isinstance(base, str) else base
     shapes = [t.shape for t in timings]
     log_measured = [math.log(t.seconds) for t in timings]
     fastest_s = min(t.seconds for t in timings)
     starts = [(math.log(f), math.log(b), math.log(fastest_s * o), math.log(f * a), math.log(fastest_s * q),
-               math.log(fastest_s * c), math.log(p), _head_logit(h))
+               math.log(fastest_s * c), math.log(p), _head_logit(h), k)
               for f in (1e9, 1e10, 1e11, 1e12, 1e13) for b in (1e9, 1e10, 1e11, 1e12) for o in (0.1, 0.5)
               for a in (0.1, 1.0) for q in (0.001, 0.03) for c in (0.001, 0.2) for p in (0.01, 2.0)
-              for h in (1.0, 4.0)]
+              for h in (1.0, 4.0) for k in (0.0, 3.0)]  # KV reads at 1/2 or ~95% of the weights' rate
 
     def fit_form(form: Form) -> tuple[list[float], float]:
         def loss(x: Sequence[float]) -> float:
@@ -537,7 +563,7 @@ def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardwa
     fitted_s = tuple(fitted.step_time_s(s) for s in shapes)
     errors = tuple((f - t.seconds) / t.seconds for f, t in zip(fitted_s, timings))
     return Fit(fitted.hardware, fitted.efficiency, rates.flops_per_s, rates.bytes_per_s, fitted_s, errors,
-               rates.attention_flops_per_s, rates.lm_head_flops_per_s)
+               rates.attention_flops_per_s, rates.lm_head_flops_per_s, rates.kv_bytes_per_s)
 
 
 def express(base: Hardware, rates: Rates, form: Form = Form(True, True)) -> tuple[Hardware, Efficiency]:
@@ -545,7 +571,8 @@ def express(base: Hardware, rates: Rates, form: Form = Form(True, True)) -> tupl
     peak where the rates are within it, else the fastest rate at 1.0."""
     head_flops_per_s = rates.flops_per_s if rates.lm_head_flops_per_s is None else rates.lm_head_flops_per_s
     peak_flops_per_s = max(base.peak_flops_per_s, rates.flops_per_s, rates.attention_flops_per_s, head_flops_per_s)
-    peak_bytes_per_s = max(base.hbm_bandwidth_bytes_per_s, rates.bytes_per_s)
+    kv_bytes_per_s = rates.bytes_per_s if rates.kv_bytes_per_s is None else rates.kv_bytes_per_s
+    peak_bytes_per_s = max(base.hbm_bandwidth_bytes_per_s, rates.bytes_per_s, kv_bytes_per_s)
     hardware = replace(base, name=f"{base.name}-calibrated", peak_flops_per_s=peak_flops_per_s,
                        hbm_bandwidth_bytes_per_s=peak_bytes_per_s)
     return hardware, Efficiency(
@@ -554,7 +581,7 @@ def express(base: Hardware, rates: Rates, form: Form = Form(True, True)) -> tupl
         sequence_overhead_s=rates.sequence_overhead_s, attention_overlaps_kv=form.attention_overlaps_kv,
         linear_overlaps_weights=form.linear_overlaps_weights,
         prefill_chunk_overhead_s=rates.prefill_chunk_overhead_s, prefill_context_passes=rates.prefill_context_passes,
-        lm_head_compute=head_flops_per_s / peak_flops_per_s,
+        lm_head_compute=head_flops_per_s / peak_flops_per_s, kv_bandwidth=kv_bytes_per_s / peak_bytes_per_s,
     )
 
 
@@ -622,7 +649,8 @@ def host_facts(device: str = "cpu") -> dict:
 def calibrate(model_dir: str | os.PathLike[str] | None, model: ModelSpec, *, base: Hardware | str = "cpu",
               grid: Sequence[GridPoint] | None = None, repetitions: int = 6, passes: int = 2,
               dtype: str = "float32", seed: int = 0, clock: str = "wall", device: str = "cpu",
-              progress: Callable[[int, int], None] | None = None) -> tuple[list[StepTiming], Fit, dict]:
+              progress: Callable[[int, int], None] | None = None,
+              scatter_over_blocks: int = 0) -> tuple[list[StepTiming], Fit, dict]:
     """Measure, fit, and the calibration document (timings, fit, document).
     `model` is the spec of the checkpoint in `model_dir` (the cost model's
     view of it), or with no `model_dir` the shape timed with random weights;
@@ -631,7 +659,8 @@ def calibrate(model_dir: str | os.PathLike[str] | None, model: ModelSpec, *, bas
     same thing when torch runs one thread on an idle core."""
     before = host_facts(device)
     timings = measure_step_times(model if model_dir is None else model_dir, grid, repetitions=repetitions,
-                                 passes=passes, dtype=dtype, seed=seed, device=device, progress=progress)
+                                 passes=passes, dtype=dtype, seed=seed, device=device, progress=progress,
+                                 scatter_over_blocks=scatter_over_blocks)
     shares = [t.cpu_share for t in timings if t.cpu_share is not None]
     timings = [timing.on_clock(clock) for timing in timings]
     fit = fit_efficiency(timings, model, base, dtype)
@@ -639,6 +668,7 @@ def calibrate(model_dir: str | os.PathLike[str] | None, model: ModelSpec, *, bas
     host = {**before, "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
             "repetitions": repetitions, "passes": passes, "clock": clock, "device": device,
             "weights": "random" if model_dir is None else "checkpoint",
+            "blocks_scattered_over": scatter_over_blocks,
             "median_cpu_share": statistics.median(shares) if shares else None}
     return timings, fit, calibration_document(timings, fit, model=model.name, dtype=dtype, host=host)
 
@@ -690,6 +720,7 @@ def calibration_document(timings: Sequence[StepTiming], fit: Fit, *, model: str,
             "attention_flops_per_s": fit.attention_flops_per_s,
             "sequence_overhead_s": fit.efficiency.sequence_overhead_s,
             "lm_head_flops_per_s": fit.lm_head_flops_per_s or fit.flops_per_s,
+            "kv_bytes_per_s": fit.kv_bytes_per_s or fit.bytes_per_s,
             "prefill_chunk_overhead_s": fit.efficiency.prefill_chunk_overhead_s,
             "prefill_context_passes": fit.efficiency.prefill_context_passes,
             "linear_overlaps_weights": fit.efficiency.linear_overlaps_weights,
@@ -717,7 +748,8 @@ def describe_fit(fit: dict) -> str:
     return (f"linears {fit['flops_per_s'] / 1e9:.1f} GFLOP/s, memory {fit['bytes_per_s'] / 1e9:.1f} GB/s "
             f"(weights' pass {form(fit.get('linear_overlaps_weights', True))}), step "
             f"{fit['step_overhead_s'] * 1e3:.2f} ms; attention "
-            f"{fit.get('attention_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s (KV reads "
+            f"{fit.get('attention_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s (KV reads at "
+            f"{fit.get('kv_bytes_per_s', fit['bytes_per_s']) / 1e9:.1f} GB/s, "
             f"{form(fit.get('attention_overlaps_kv', True))}); LM head "
             f"{fit.get('lm_head_flops_per_s', fit['flops_per_s']) / 1e9:.1f} GFLOP/s; "
             f"{fit.get('sequence_overhead_s', 0.0) * 1e3:.3f} ms per sequence; "

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="fit wall time (what the engine loop sees) or process CPU time (steady while other "
                              "work shares the machine; the same thing with one torch thread on an idle core)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scatter-over-blocks", type=int, default=0, metavar="N",
+                        help="time each shape over blocks scattered at random over a pool of N, as a replica "
+                             "whose prefix cache has cycled through its pool hands them out (its KV blocks, "
+                             "e.g. 8192 for the tiny model's 512 MiB on CPU); 0 = consecutive blocks, as fresh")
     return parser
 
 
@@ -86,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"timing {len(grid)} step shapes x {repetitions} samples of {model.name} ...", file=sys.stderr)
         timings, fit, document = calibrate(
             model_dir, model, base=preset, grid=grid, repetitions=repetitions, passes=args.passes,
-            dtype=dtype, seed=args.seed, clock=args.clock, device=args.device, progress=_progress)
+            dtype=dtype, seed=args.seed, clock=args.clock, device=args.device, progress=_progress,
+            scatter_over_blocks=args.scatter_over_blocks)
     except (RuntimeError, ValueError) as error:
         print(f"sluice sim calibrate: {error}", file=sys.stderr)
         return 2

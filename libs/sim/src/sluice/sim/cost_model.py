@@ -107,6 +107,12 @@ class Efficiency:
     # where the CPU has them) and recompute only a few candidates exactly,
     # so per row it runs several times the float32 layers' FLOP/s.
     lm_head_compute: float | None = None
+    # The KV cache reads' own bandwidth efficiency; None = `bandwidth`. A
+    # paged cache is read a block at a time from wherever each block lies:
+    # on a CPU, once a replica's prefix cache has cycled through its pool
+    # and hands out blocks from anywhere, those reads run at a fraction of
+    # the rate at which the weights stream.
+    kv_bandwidth: float | None = None
     # Per sequence in a step: its share of input preparation, the attention
     # call over its blocks, sampling and the output it hands back. 0 in the
     # GPU presets (batched there); a CPU calibration measures ~0.1 ms.
@@ -137,9 +143,9 @@ class Efficiency:
         if self.prefill_chunk_overhead_s < 0 or self.prefill_context_passes < 1:
             raise ValueError(f"prefill_chunk_overhead_s must be >= 0 and prefill_context_passes >= 1, got "
                              f"{self.prefill_chunk_overhead_s}, {self.prefill_context_passes}")
-        for field_name in ("compute", "bandwidth", "link", "attention_compute", "lm_head_compute"):
+        for field_name in ("compute", "bandwidth", "link", "attention_compute", "lm_head_compute", "kv_bandwidth"):
             value = getattr(self, field_name)
-            if value is not None and not 0 < value <= 1:  # only the last two may be None
+            if value is not None and not 0 < value <= 1:  # only the last three may be None
                 # Above 1 means the hardware's peak is understated: raise the peak instead,
                 # or no step would respect the roofline.
                 raise ValueError(f"efficiency {field_name} must be in (0, 1], got {value}")
@@ -251,6 +257,8 @@ class CostModel:
         lm_head_compute = efficiency.compute if efficiency.lm_head_compute is None else efficiency.lm_head_compute
         lm_head_flops_per_s = self.hardware.peak_flops_per_s * lm_head_compute
         bytes_per_s = self.hardware.hbm_bandwidth_bytes_per_s * efficiency.bandwidth
+        kv_bandwidth = efficiency.bandwidth if efficiency.kv_bandwidth is None else efficiency.kv_bandwidth
+        kv_bytes_per_s = self.hardware.hbm_bandwidth_bytes_per_s * kv_bandwidth
         weight_bytes = dtype_bytes(self.dtype)
         norm_params = 2 * model.hidden_size
         linear_params = model.parameters_per_layer() - norm_params
@@ -271,7 +279,7 @@ class CostModel:
             linear_s_per_token=2 * linear_params / tp / flops_per_s,
             layer_weights_s=model.parameters_per_layer() * weight_bytes / tp / bytes_per_s,
             attention_s_per_pair=4 * model.q_dim / tp / attention_flops_per_s,
-            kv_s_per_token_moved=kv_bytes_per_token_per_layer / bytes_per_s,
+            kv_s_per_token_moved=kv_bytes_per_token_per_layer / kv_bytes_per_s,
             lm_head_s_per_sequence=2 * model.lm_head_parameters() / tp / lm_head_flops_per_s,
             lm_head_weights_s=head_params * weight_bytes / tp / bytes_per_s,
             all_reduce_s_per_token=all_reduce_s_per_token,
@@ -282,7 +290,7 @@ class CostModel:
             linear_overlaps_weights=efficiency.linear_overlaps_weights,
             overhead_s_per_prefill_chunk=efficiency.prefill_chunk_overhead_s,
             kv_s_per_prefill_context_token_again=(efficiency.prefill_context_passes - 1)
-            * kv_bytes_per_token_per_layer / bytes_per_s,
+            * kv_bytes_per_token_per_layer / kv_bytes_per_s,
         )
 
     def step_time_s(self, shape: StepShape) -> float:
