@@ -16,6 +16,7 @@ nothing to close.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -138,6 +139,9 @@ def cdf_panels(panels: Mapping[str, Mapping[str, Sequence[float]]], path: str | 
     order, `columns` across, a CDF line per source; log-scaled time, from
     `min_s` where given (a few bunched tokens' near-zero gaps would
     otherwise stretch the axis over decades nobody reads)."""
+    from matplotlib.ticker import NullFormatter
+
+    null_formatter = NullFormatter()
     new_figure = _figure_class()
     rows = max(1, -(-len(panels) // columns))
     figure = new_figure(figsize=(5.0 * columns, 4.0 * rows), layout="constrained")
@@ -157,11 +161,13 @@ def cdf_panels(panels: Mapping[str, Mapping[str, Sequence[float]]], path: str | 
             target.set_xscale("log")
             if min_s is not None:
                 target.set_xlim(left=min_s)
+            # Over less than a decade a log axis labels its minor ticks too, and they overlap.
+            target.xaxis.set_minor_formatter(null_formatter)
             target.legend(fontsize="small", loc="lower right")
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
     if title:
-        figure.suptitle(title)
+        figure.suptitle("\n".join(textwrap.wrap(title, width=45 * columns)), fontsize="medium")
     return _save(figure, path)
 
 
