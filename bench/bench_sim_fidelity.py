@@ -3,8 +3,19 @@ with the same requests on this machine?
 
  1. Calibration. `--calibration PATH` (default .sluice/sim-calibration.json)
     is used if it was made here (same CPU model), with the replica's torch
-    threads, within `--max-age-h` hours; otherwise `sluice sim calibrate`'s
-    measurement runs now (the quick grid under --quick) and writes it.
+    threads and over the replica's KV pool, within `--max-age-h` hours;
+    otherwise `sluice sim calibrate`'s measurement runs now (the quick grid
+    under --quick) and writes it. It times the steps over blocks scattered
+    at random across the replica's 8,192 (`--scatter-over-blocks`): by the
+    time the slices run, the warm-up and the capacity loop have cycled the
+    replica's prefix cache through its pool, and from then on it hands out
+    blocks from anywhere. Over a fresh, consecutive pool the calibration
+    made a serving replica's steps too cheap by an amount that grows with
+    the context read (a decode step over scattered blocks costs 1.3-1.4x),
+    which the stack terms then absorbed on the fit slice and did not carry
+    to a validation slice with longer outputs (TTFT p90 19-23% short on
+    three full runs, 2026-12-05; two full runs passed once it was over a
+    scattered pool).
  2. Workload. Two slices, one after the other in trace time: a *fit* slice,
     whose only use is fitting the stack terms (step 5), then the
     *validation* slice every verdict is on. From `--trace` (a CSV of
