@@ -639,20 +639,27 @@ def relative_error(sim: float, real: float) -> float:
 PROMPT_BUCKETS = ((0, 128), (128, 512), (512, 1 << 30))
 
 
-def print_ttft_by_prompt(records: list[RequestRecord], requests: list[SimRequest], simulated: dict[str, float]) -> None:
-    """Where the TTFT error lies: short prompts wait for others' steps (queueing), long ones for their
-    own chunks (the prefill's cost)."""
-    print("  TTFT by prompt tokens (real vs sim +stack, ms):")
-    for low, high in PROMPT_BUCKETS:
+def print_ttft_by(title: str, buckets, key, records: list[RequestRecord], requests: list[SimRequest],
+                  simulated: dict[str, float]) -> None:
+    """Real against simulated TTFT percentiles of the requests whose
+    `key(request)` falls in each [low, high) of `buckets`."""
+    print(f"  TTFT by {title} (real vs sim +stack, ms):")
+    for low, high in buckets:
         pairs = [(record.ttft_s, simulated[request.request_id]) for record, request in zip(records, requests)
-                 if low <= request.prompt_tokens < high and record.ttft_s is not None
-                 and request.request_id in simulated]
+                 if low <= key(request) < high and record.ttft_s is not None and request.request_id in simulated]
         if not pairs:
             continue
         real, sim = (percentiles([pair[side] for pair in pairs], (50, 90)) for side in (0, 1))
         label = f"{low}-{high - 1}" if high < 1 << 30 else f"{low}+"
         print(f"    {label:>9}: {len(pairs):>5} requests; p50 {real['p50'] * 1e3:6.1f} vs {sim['p50'] * 1e3:6.1f}, "
               f"p90 {real['p90'] * 1e3:6.1f} vs {sim['p90'] * 1e3:6.1f}")
+
+
+def print_ttft_by_prompt(records: list[RequestRecord], requests: list[SimRequest], simulated: dict[str, float]) -> None:
+    """Where the TTFT error lies: short prompts wait for others' steps (queueing), long ones for their
+    own chunks (the prefill's cost)."""
+    print_ttft_by("prompt tokens", PROMPT_BUCKETS, lambda request: request.prompt_tokens, records, requests,
+                  simulated)
 
 
 BURST_BUCKETS = ((0, 10), (10, 20), (20, 1 << 30))
@@ -664,18 +671,12 @@ def print_ttft_by_burst(records: list[RequestRecord], requests: list[SimRequest]
     take CPU per arrival from the replica's cores; the simulator's way in is
     a constant, so an error that grows with the burst is theirs."""
     arrivals = sorted(request.arrival_s for request in requests)
-    print("  TTFT by arrivals in the second before (real vs sim +stack, ms):")
-    for low, high in BURST_BUCKETS:
-        pairs = [(record.ttft_s, simulated[request.request_id]) for record, request in zip(records, requests)
-                 if low <= bisect.bisect_left(arrivals, request.arrival_s) - bisect.bisect_left(
-                     arrivals, request.arrival_s - 1.0) < high
-                 and record.ttft_s is not None and request.request_id in simulated]
-        if not pairs:
-            continue
-        real, sim = (percentiles([pair[side] for pair in pairs], (50, 90)) for side in (0, 1))
-        label = f"{low}-{high - 1}" if high < 1 << 30 else f"{low}+"
-        print(f"    {label:>9}: {len(pairs):>5} requests; p50 {real['p50'] * 1e3:6.1f} vs {sim['p50'] * 1e3:6.1f}, "
-              f"p90 {real['p90'] * 1e3:6.1f} vs {sim['p90'] * 1e3:6.1f}")
+
+    def arrivals_before(request: SimRequest) -> int:
+        return (bisect.bisect_left(arrivals, request.arrival_s)
+                - bisect.bisect_left(arrivals, request.arrival_s - 1.0))
+
+    print_ttft_by("arrivals in the second before", BURST_BUCKETS, arrivals_before, records, requests, simulated)
 
 
 def write_requests(path: Path, name: str, replays: list, requests: list[SimRequest],
