@@ -69,25 +69,39 @@ def latency_cdfs(results_by_policy: Mapping[str, SimResults], path: str | Path,
     figure = new_figure(figsize=(5.0 * len(classes), 8.0), layout="constrained")
     axes = figure.subplots(2, len(classes), squeeze=False)
     for column, service_class in enumerate(classes):
-        ttft_axes, itl_axes = axes[0][column], axes[1][column]
-        for policy, results in results_by_policy.items():
-            ttfts = [r.ttft_s for r in results.records
-                     if r.service_class == service_class and r.outcome == "finished" and r.ttft_s is not None]
-            gaps = results.gaps_by_class.get(service_class, ())
-            for target, values in ((ttft_axes, ttfts), (itl_axes, gaps)):
-                xs, ys = _cdf(value for value in values if value > 0)
-                if xs:
-                    target.step(xs, ys, where="post", label=f"{policy} ({len(values):,})")
-        for target, metric in ((ttft_axes, "TTFT"), (itl_axes, "inter-token time")):
-            target.set_title(f"{service_class}: {metric}")
-            target.set_xlabel("seconds")
-            target.set_ylabel("share of requests" if target is ttft_axes else "share of gaps")
-            target.set_ylim(0, 1.01)
-            target.grid(True, which="both", alpha=0.3)
-            if target.has_data():
-                target.set_xscale("log")
-                target.legend(fontsize="small", loc="lower right")
+        ttfts = {policy: [r.ttft_s for r in results.records
+                          if r.service_class == service_class and r.outcome == "finished" and r.ttft_s is not None]
+                 for policy, results in results_by_policy.items()}
+        gaps = {policy: results.gaps_by_class.get(service_class, ())
+                for policy, results in results_by_policy.items()}
+        _draw_cdfs(axes[0][column], ttfts, f"{service_class}: TTFT", "share of requests")
+        _draw_cdfs(axes[1][column], gaps, f"{service_class}: inter-token time", "share of gaps")
     return _save(figure, path)
+
+
+def _draw_cdfs(target, lines: Mapping[str, Sequence[float]], title: str, ylabel: str,
+               min_s: float | None = None) -> None:
+    """A CDF line per name on one axes, log-scaled time from `min_s` where
+    given (zero and negative samples cannot sit on a log axis and are left
+    off; the legend counts every sample)."""
+    from matplotlib.ticker import NullFormatter
+
+    for name, values in lines.items():
+        xs, ys = _cdf(value for value in values if value > 0)
+        if xs:
+            target.step(xs, ys, where="post", label=f"{name} ({len(values):,})")
+    target.set_title(title)
+    target.set_xlabel("seconds")
+    target.set_ylabel(ylabel)
+    target.set_ylim(0, 1.01)
+    target.grid(True, which="both", alpha=0.3)
+    if target.has_data():
+        target.set_xscale("log")
+        if min_s is not None:
+            target.set_xlim(left=min_s)
+        # Over less than a decade a log axis labels its minor ticks too, and they overlap.
+        target.xaxis.set_minor_formatter(NullFormatter())
+        target.legend(fontsize="small", loc="lower right")
 
 
 def kv_occupancy(results: SimResults, path: str | Path, title: str | None = None) -> Path:
@@ -139,31 +153,12 @@ def cdf_panels(panels: Mapping[str, Mapping[str, Sequence[float]]], path: str | 
     order, `columns` across, a CDF line per source; log-scaled time, from
     `min_s` where given (a few bunched tokens' near-zero gaps would
     otherwise stretch the axis over decades nobody reads)."""
-    from matplotlib.ticker import NullFormatter
-
-    null_formatter = NullFormatter()
     new_figure = _figure_class()
     rows = max(1, -(-len(panels) // columns))
     figure = new_figure(figsize=(5.0 * columns, 4.0 * rows), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False)
     for index, (name, by_source) in enumerate(panels.items()):
-        target = axes[index // columns][index % columns]
-        for source, values in by_source.items():
-            xs, ys = _cdf(value for value in values if value > 0)
-            if xs:
-                target.step(xs, ys, where="post", label=f"{source} ({len(values):,})")
-        target.set_title(name)
-        target.set_xlabel("seconds")
-        target.set_ylabel("share")
-        target.set_ylim(0, 1.01)
-        target.grid(True, which="both", alpha=0.3)
-        if target.has_data():
-            target.set_xscale("log")
-            if min_s is not None:
-                target.set_xlim(left=min_s)
-            # Over less than a decade a log axis labels its minor ticks too, and they overlap.
-            target.xaxis.set_minor_formatter(null_formatter)
-            target.legend(fontsize="small", loc="lower right")
+        _draw_cdfs(axes[index // columns][index % columns], by_source, name, "share", min_s)
     for index in range(len(panels), rows * columns):
         axes[index // columns][index % columns].set_visible(False)
     if title:
