@@ -373,22 +373,20 @@ class Simulator:
             yield request_id, arrival_s, delivered
 
     def figures(self, emitted: Emitted, terms: StackTerms) -> dict:
+        ttfts, gaps, output_tokens, end_s = self.samples_s(emitted, terms)
+        return figures(output_tokens=output_tokens, end_s=end_s, ttfts_s=ttfts, gaps_s=gaps,
+                       served=len(emitted.streams), refused=emitted.refused, steps=emitted.steps)
+
+    def samples_s(self, emitted: Emitted, terms: StackTerms) -> tuple[list[float], list[float], int, float]:
+        """As the client would see them: every TTFT, every inter-token gap,
+        the output tokens and when the last of them arrived."""
         ttfts, gaps, output_tokens, end_s = [], [], 0, 0.0
         for _, arrival_s, delivered in self.delivered(emitted, terms):
             ttfts.append(delivered[0] - arrival_s)
             gaps.extend(b - a for a, b in zip(delivered, delivered[1:]))
             output_tokens += len(delivered)
             end_s = max(end_s, delivered[-1])
-        return figures(output_tokens=output_tokens, end_s=end_s, ttfts_s=ttfts, gaps_s=gaps,
-                       served=len(emitted.streams), refused=emitted.refused, steps=emitted.steps)
-
-    def samples_s(self, emitted: Emitted, terms: StackTerms) -> tuple[list[float], list[float]]:
-        """(every TTFT, every inter-token gap) as the client would see them, for the plot."""
-        ttfts, gaps = [], []
-        for _, arrival_s, delivered in self.delivered(emitted, terms):
-            ttfts.append(delivered[0] - arrival_s)
-            gaps.extend(b - a for a, b in zip(delivered, delivered[1:]))
-        return ttfts, gaps
+        return ttfts, gaps, output_tokens, end_s
 
     def ttfts_s(self, emitted: Emitted, terms: StackTerms) -> dict[str, float]:
         return {request_id: delivered[0] - arrival_s
@@ -498,14 +496,23 @@ def fit_stack_terms(simulator: Simulator, requests: list[SimRequest], real: dict
 # ----------------------------------------------------------------------- real
 
 
+def served_records(records: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if r.status == 200 and r.finished]
+
+
+def real_samples_s(records: list[RequestRecord]) -> tuple[list[float], list[float]]:
+    """Every TTFT and every inter-token gap of the requests served."""
+    ok = served_records(records)
+    return [r.ttft_s for r in ok if r.ttft_s is not None], [g for r in ok for g in r.inter_token_gaps_s()]
+
+
 def real_figures(records: list[RequestRecord], start_s: float, steps: int | None) -> dict:
-    ok = [r for r in records if r.status == 200 and r.finished]
+    ok = served_records(records)
+    ttfts, gaps = real_samples_s(records)
     return figures(
         output_tokens=sum(r.tokens_received for r in ok),
         end_s=max((r.token_times_s[-1] for r in ok if r.token_times_s), default=start_s) - start_s,
-        ttfts_s=[r.ttft_s for r in ok if r.ttft_s is not None],
-        gaps_s=[g for r in ok for g in r.inter_token_gaps_s()], served=len(ok), refused=len(records) - len(ok),
-        steps=steps)
+        ttfts_s=ttfts, gaps_s=gaps, served=len(ok), refused=len(records) - len(ok), steps=steps)
 
 
 class Replay(NamedTuple):
@@ -834,14 +841,12 @@ async def main() -> int:
         if args.requests_out:
             write_requests(args.requests_out, name, replays[name], requests[name], simulated)
         if args.plot:
-            sim_ttfts, sim_gaps = simulator.samples_s(emitted, terms)
-            ok = [[r for r in replay.records if r.status == 200 and r.finished] for replay in replays[name]]
+            real = [real_samples_s(replay.records) for replay in replays[name]]
+            sim_ttfts, sim_gaps, _, _ = simulator.samples_s(emitted, terms)
             panels[f"{name} slice: TTFT"] = {
-                **{f"real, replay {i + 1}": [r.ttft_s for r in records if r.ttft_s is not None]
-                   for i, records in enumerate(ok)}, "simulated": sim_ttfts}
+                **{f"real, replay {i + 1}": ttfts for i, (ttfts, _) in enumerate(real)}, "simulated": sim_ttfts}
             panels[f"{name} slice: inter-token time"] = {
-                **{f"real, replay {i + 1}": [g for r in records for g in r.inter_token_gaps_s()]
-                   for i, records in enumerate(ok)}, "simulated": sim_gaps}
+                **{f"real, replay {i + 1}": gaps for i, (_, gaps) in enumerate(real)}, "simulated": sim_gaps}
     if args.plot:
         from sluice.sim.plots import cdf_panels
 
