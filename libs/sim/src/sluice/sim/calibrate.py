@@ -10,10 +10,11 @@
              scheduler with a made-up sampled token instead of the model
              (the KV they leave is stale, which no kernel's speed depends on).
     fit      Efficiency(compute, bandwidth, step_overhead_s, attention_compute,
-             lm_head_compute, sequence_overhead_s, prefill_chunk_overhead_s,
-             prefill_context_passes, and whether the linears hide their
-             weight reads and attention its KV reads) of the cost model by
-             least squares on log(step time): steps run from ~2 ms
+             lm_head_compute, kv_bandwidth, sequence_overhead_s,
+             prefill_chunk_overhead_s, prefill_context_passes, and whether
+             the linears hide their weight reads and attention its KV
+             reads) of the cost model by least squares on log(step time):
+             steps run from ~2 ms
              to ~150 ms here, and an absolute loss would fit only the long
              ones. `link` is unused at tp = 1 and kept at its default.
     write    a JSON file (`write_calibration`); `load_calibration(path)`
@@ -528,7 +529,11 @@ def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardwa
         cost and the context passes: median 7.8% -> 2.7%, max 35% -> 15%,
         and on the mixed steps a serving replica runs (4-48 decodes beside a
         16-128-token chunk) the model had come out 10-30% fast (tiny model,
-        Intel Xeon, one thread, 2026-12-05)."""
+        Intel Xeon, one thread, 2026-12-05);
+      - the KV reads' own bandwidth, for timings over a scattered pool
+        (`measure_step_times(scatter_over_blocks=)`), where deep decodes
+        cost up to 1.76x a fresh pool's and the weights still stream as
+        before: median 6.0% -> 2.6%, max 40% -> 12% (the same day)."""
     if len(timings) < 9:
         raise ValueError(f"a fit of 9 terms needs at least 9 timings, got {len(timings)}")
     base = hardware_by_name(base) if isinstance(base, str) else base
@@ -549,7 +554,7 @@ def fit_efficiency(timings: Sequence[StepTiming], model: ModelSpec, base: Hardwa
             return sum((math.log(cost.step_time_s(s)) - m) ** 2 for s, m in zip(shapes, log_measured))
 
         best = min((_nelder_mead(loss, start) for start in sorted(starts, key=loss)[:4]), key=lambda r: r[1])
-        for _ in range(6):  # restarts: Nelder-Mead stalls on the kinks and along the ridges of 8 terms
+        for _ in range(6):  # restarts: Nelder-Mead stalls on the kinks and along the ridges of 9 terms
             again = _nelder_mead(loss, best[0], step=0.1)
             if again[1] > best[1] - 1e-4 * (1.0 + best[1]):
                 return min(best, again, key=lambda r: r[1])
