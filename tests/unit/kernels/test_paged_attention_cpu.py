@@ -13,11 +13,12 @@ from sluice.kernels.paged_attention_cpu import (
     write_kv_cpu,
 )
 from sluice.kernels.paged_attention_reference import paged_attention, write_kv
+from sluice.model.kv_cache import KVCache, KVLayout, interleaved_kv
 
 # fp32 throughout; the two differ only in summation order (batched matmul
 # and fused SDPA vs per-head matmuls), which moves results by ~1e-6.
 ATOL = 1e-5
-LAYOUTS = ["block_major", "head_major", "transposed"]
+LAYOUTS = ["block_major", "head_major", "transposed", "interleaved"]
 
 
 def as_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
@@ -30,6 +31,17 @@ def as_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
         return storage.permute(1, 3, 0, 2)
     storage = cache.permute(2, 0, 1, 3).contiguous()  # [kv_heads, num_blocks, block_size, head_dim]
     return storage.permute(1, 2, 0, 3)
+
+
+def as_layouts(key_cache: torch.Tensor, value_cache: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values in `layout` (interleaved: one storage holds both)."""
+    if layout == "interleaved":
+        num_blocks, block_size, kv_heads, head_dim = key_cache.shape
+        keys, values = interleaved_kv(num_blocks, block_size, kv_heads, head_dim, key_cache.dtype, "cpu")
+        keys.copy_(key_cache)
+        values.copy_(value_cache)
+        return keys, values
+    return as_layout(key_cache, layout), as_layout(value_cache, value_layout(layout))
 
 
 def value_layout(layout: str) -> str:
@@ -51,7 +63,7 @@ def test_write_kv_cpu_matches_reference(layout, cpu_path):
     value_cache = torch.randn_like(key_cache)
     key, value = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
     slots = torch.tensor([3, 17, -1, 30, 0])  # -1: a padding row, skipped
-    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, value_layout(layout))
+    ours_k, ours_v = as_layouts(key_cache, value_cache, layout)
     write_kv(key, value, key_cache, value_cache, slots)
     write_kv_cpu(key, value, ours_k, ours_v, slots)
     assert torch.equal(ours_k, key_cache) and torch.equal(ours_v, value_cache)
@@ -59,6 +71,8 @@ def test_write_kv_cpu_matches_reference(layout, cpu_path):
         assert head_major_storage(ours_k) is not None
     if layout == "transposed":
         assert transposed_storage(ours_k) is not None and head_major_storage(ours_v) is not None
+    if layout == "interleaved":
+        assert KVCache(ours_k, ours_v).layout is KVLayout.BLOCK_INTERLEAVED
 
 
 @pytest.fixture(params=["native", "torch"])
@@ -103,7 +117,7 @@ def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, dec
     num_tokens = sum(q_lens)
     query = torch.randn(num_tokens, heads, head_dim)
     key, value = torch.randn(num_tokens, kv_heads, head_dim), torch.randn(num_tokens, kv_heads, head_dim)
-    ours_k, ours_v = as_layout(key_cache, layout), as_layout(value_cache, value_layout(layout))
+    ours_k, ours_v = as_layouts(key_cache, value_cache, layout)
     write_kv(key, value, key_cache, value_cache, torch.tensor(slots))
     write_kv_cpu(key, value, ours_k, ours_v, torch.tensor(slots))
     query_start_loc = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)

@@ -10,6 +10,7 @@ import torch
 from sluice.kernels import paged_attention
 from sluice.kernels import paged_attention_native as native
 from sluice.kernels.paged_attention_native import paged_attention_native
+from sluice.model.kv_cache import interleaved_kv
 from support.paged_batches import paged_batch
 
 # fp32; the kernel sums in another order than the reference (and its exp is a
@@ -42,6 +43,10 @@ def call(b, layout="block_major", **kwargs):
         k, v = head_major(k), head_major(v)
     if layout == "transposed_keys":
         k, v = transposed(k), head_major(v)
+    if layout == "interleaved":
+        num_blocks, block_size, kv_heads, head_dim = k.shape
+        k, v = (interleaved.copy_(cache) for interleaved, cache
+                in zip(interleaved_kv(num_blocks, block_size, kv_heads, head_dim, k.dtype, "cpu"), (k, v)))
     return paged_attention_native(b["query"], k, v, b["block_tables"], b["seq_lens"],
                                   b["query_start_loc"], b["query"].shape[-1] ** -0.5, **kwargs)
 
@@ -57,7 +62,7 @@ def test_kernel_is_built_where_a_compiler_is():
     assert native.available()
 
 
-@pytest.mark.parametrize("layout", ["block_major", "head_major", "transposed_keys"])
+@pytest.mark.parametrize("layout", ["block_major", "head_major", "transposed_keys", "interleaved"])
 @pytest.mark.parametrize(("block_size", "head_dim", "num_heads", "num_kv_heads"), [
     (16, 32, 8, 4), (32, 64, 4, 1), (16, 128, 4, 4), (16, 64, 8, 2), (8, 32, 4, 2),
 ])
@@ -66,7 +71,7 @@ def test_ragged_batch_matches_reference(layout, block_size, head_dim, num_heads,
     torch.testing.assert_close(call(b, layout), reference(b), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("layout", ["block_major", "transposed_keys"])
+@pytest.mark.parametrize("layout", ["block_major", "transposed_keys", "interleaved"])
 def test_odd_head_dim_takes_the_generic_loop(layout):
     b = paged_batch([(5, 1), (40, 7)], 16, 4, 2, 24, seed=3)
     torch.testing.assert_close(call(b, layout), reference(b), atol=ATOL, rtol=0)

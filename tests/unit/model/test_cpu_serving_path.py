@@ -41,7 +41,8 @@ def runners(config, layout=KVLayout.HEAD_MAJOR) -> tuple[ModelRunner, ModelRunne
     )
 
 
-@pytest.mark.parametrize("layout", [KVLayout.HEAD_MAJOR, KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS])
+@pytest.mark.parametrize("layout", [KVLayout.HEAD_MAJOR, KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS,
+                                    KVLayout.BLOCK_INTERLEAVED])
 def test_serving_path_matches_plain_path(make_config, layout):
     config = make_config()
     plain, serving = runners(config, layout)
@@ -111,7 +112,7 @@ def test_reference_backend_refuses_head_major_cache(make_config):
 
 def test_layout_choice_and_allocator_tuning():
     # float32 on CPU: the native kernel's layout (CI builds it); other dtypes: the torch path's.
-    assert preferred_kv_layout(torch.device("cpu")) is KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+    assert preferred_kv_layout(torch.device("cpu")) is KVLayout.BLOCK_INTERLEAVED
     assert preferred_kv_layout(torch.device("cpu"), torch.bfloat16) is KVLayout.HEAD_MAJOR
     assert preferred_kv_layout(torch.device("cuda")) is KVLayout.BLOCK_MAJOR
     assert tune_cpu_allocator() in (True, False)  # glibc: True; elsewhere a no-op

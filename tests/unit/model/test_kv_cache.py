@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sluice.model import LlamaConfig, allocate_kv_caches, kv_bytes_per_token
@@ -51,3 +52,27 @@ def test_transposed_keys_layout_keeps_the_logical_shape(make_config):
     assert c.value_cache.permute(2, 0, 1, 3).is_contiguous()  # values [kv_heads, blocks, block_size, head_dim]
     c.key_cache[3, 7, 1, 5] = 2.5  # written through the logical view, found where the layout says
     assert c.key_cache.permute(2, 0, 3, 1)[1, 3, 5, 7] == 2.5
+
+
+def test_interleaved_layout_keeps_a_blocks_keys_and_values_in_one_run(make_config):
+    from sluice.model import KVLayout
+
+    config = make_config()
+    c = allocate_kv_caches(config, num_blocks=5, block_size=16, dtype=torch.float32, device="cpu",
+                           layout=KVLayout.BLOCK_INTERLEAVED)[0]
+    kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+    assert c.key_cache.shape == c.value_cache.shape == (5, 16, kv_heads, head_dim)
+    assert c.layout is KVLayout.BLOCK_INTERLEAVED and c.num_blocks == 5 and c.block_size == 16
+    run = kv_heads * head_dim * 16  # one block's keys, then its values
+    storage = torch.as_strided(c.key_cache, (5, 2 * run), (2 * run, 1))  # [num_blocks, keys + values]
+    c.key_cache[3, 7, 1, 5] = 2.5  # keys: [kv_heads, head_dim, block_size] within the block
+    c.value_cache[3, 7, 1, 5] = -1.5  # values: [kv_heads, block_size, head_dim], after the keys
+    assert storage[3, 1 * head_dim * 16 + 5 * 16 + 7] == 2.5
+    assert storage[3, run + 1 * 16 * head_dim + 7 * head_dim + 5] == -1.5
+    assert int(torch.count_nonzero(storage)) == 2  # nothing else written: the views do not overlap
+    # Two separately allocated tensors with the same strides are not one storage.
+    other = allocate_kv_caches(config, 5, 16, torch.float32, "cpu", layout=KVLayout.BLOCK_INTERLEAVED)[0]
+    from sluice.model.kv_cache import KVCache
+
+    with pytest.raises(ValueError, match="no known layout"):
+        _ = KVCache(c.key_cache, other.value_cache).layout

@@ -295,6 +295,7 @@ static int run(const PagedArgs *a, int num_threads) {
     const int64_t G = a->num_heads / a->num_kv_heads;
     const int64_t items = a->num_work_seqs * a->num_kv_heads;
     int failed = 0;
+    const int64_t chunk = a->num_work_seqs >= 4 * (int64_t)num_threads ? a->num_kv_heads : 1;
 #pragma omp parallel num_threads(num_threads) if (items > 1 && num_threads > 1)
     {
         float *scores = malloc((size_t)(G * (max_len > 0 ? max_len : 1)) * sizeof(float));
@@ -302,8 +303,11 @@ static int run(const PagedArgs *a, int num_threads) {
 #pragma omp atomic write
             failed = 1;
         }
-        /* dynamic: one long sequence must not leave the other threads idle. */
-#pragma omp for schedule(dynamic, 1)
+        /* dynamic: one long sequence must not leave the other threads idle.
+         * With sequences enough to go round, a thread takes a sequence's KV
+         * heads together: with keys and values interleaved per block they
+         * share each block's run, which one thread then reads whole. */
+#pragma omp for schedule(dynamic, chunk)
         for (int64_t item = 0; item < items; ++item) {
             if (scores != NULL)
                 attend_one(a, a->seq_ids[item / a->num_kv_heads], item % a->num_kv_heads, scores);

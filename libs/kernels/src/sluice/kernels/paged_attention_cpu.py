@@ -16,10 +16,14 @@ that shape:
     block-major (contiguous):  storage [num_blocks, block_size, kv_heads, head_dim]
     head-major:                storage [kv_heads, num_blocks, block_size, head_dim]
                                logical view = storage.permute(1, 2, 0, 3)
-    transposed keys (keys only, with head-major values; the CPU default
-    where the native kernel is built):
+    transposed keys (keys only, with head-major values):
                                storage [kv_heads, num_blocks, head_dim, block_size]
                                logical view = storage.permute(1, 3, 0, 2)
+    block-interleaved (the CPU default where the native kernel is built;
+    sluice.model.kv_cache.KVLayout.BLOCK_INTERLEAVED): one storage
+    [num_blocks, 2, kv_heads, head_dim * block_size], a block's transposed
+    keys then its values; the torch path reads it as it reads any strides
+    (a gather through the logical view, writes by (block, slot) index).
 
 Head-major is what the CPU wants: a block of one KV head is one contiguous
 run, which the native kernel streams through (as ``[head_dim, block_size]``
@@ -93,9 +97,11 @@ def write_kv_cpu(
         elif transposed is not None:
             # [kv_heads, blocks, head_dim, slot]: indexed by (block, slot) pairs -> [T, kv_heads, head_dim]
             transposed[:, slot_mapping // block_size, :, slot_mapping % block_size] = new.to(cache.dtype)
-        else:
+        elif cache.is_contiguous():
             flat = cache.view(num_blocks * block_size, kv_heads, head_dim)  # [slots, kv_heads, head_dim]
             flat.index_copy_(0, slot_mapping, new.to(cache.dtype))
+        else:  # any other strides (keys and values interleaved per block): through the logical view
+            cache[slot_mapping // block_size, slot_mapping % block_size] = new.to(cache.dtype)
 
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
@@ -109,7 +115,7 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) ->
     transposed = storage is None
     if transposed:
         storage = transposed_storage(cache)
-    if storage is None:  # block-major
+    if storage is None:  # block-major, or any other strides (the gather copies into block-major rows)
         rows = cache.index_select(0, blocks)  # [S * nb, block_size, kv_heads, head_dim]
         return rows.view(num_seqs, num_blocks * block_size, kv_heads, head_dim).permute(2, 0, 1, 3)
     # storage: [kv_heads, total_blocks, block_size, head_dim], or [..., head_dim, block_size] transposed

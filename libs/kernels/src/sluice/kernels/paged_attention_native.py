@@ -7,8 +7,9 @@ and callers fall back to the torch path when it does not.
 
 Same contract as `paged_attention_reference.paged_attention`, float32 only,
 for any cache layout where values have head_dim innermost and keys have
-head_dim or the block's slots innermost (block-major, head-major, and
-head-major with transposed keys all qualify; the last is the fast one).
+head_dim or the block's slots innermost (block-major, head-major,
+head-major with transposed keys, and keys and values interleaved per block
+all qualify; the last is the fast one: see sluice.model.kv_cache.KVLayout).
 """
 
 from __future__ import annotations

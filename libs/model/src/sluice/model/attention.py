@@ -114,11 +114,12 @@ def default_backend(device: torch.device) -> AttentionBackend:
 def preferred_kv_layout(device: torch.device, dtype: torch.dtype = torch.float32) -> KVLayout:
     """The KV cache layout ``default_backend(device)`` runs fastest on: the
     Triton kernels index block-major caches; on CPU the native kernel (float32,
-    where built) reads head-major values and transposed keys in place, and the
-    torch path gathers head-major caches with one index_select into an
-    SDPA-friendly layout."""
+    where built) reads a block's keys (transposed) and values in place, both
+    in one contiguous run per block (BLOCK_INTERLEAVED), and the torch path
+    gathers head-major caches with one index_select into an SDPA-friendly
+    layout."""
     if device.type == "cuda":
         return KVLayout.BLOCK_MAJOR
     if dtype == torch.float32 and paged_attention_native.available():
-        return KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+        return KVLayout.BLOCK_INTERLEAVED
     return KVLayout.HEAD_MAJOR

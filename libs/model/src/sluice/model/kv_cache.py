@@ -23,11 +23,23 @@ class KVLayout(Enum):
                  [kv_heads, num_blocks, head_dim, block_size] (key view =
                  storage.permute(1, 3, 0, 2)), so the native CPU kernel
                  computes a block's scores as block_size-wide vector FMAs.
+    BLOCK_INTERLEAVED: keys and values of a block side by side in one
+                 storage [num_blocks, 2, kv_heads, head_dim * block_size]:
+                 index 0 holds each head's keys transposed, [head_dim,
+                 block_size] as above, index 1 each head's values
+                 [block_size, head_dim]. One block of one layer is one
+                 contiguous run (16 KiB for the tiny model), so the native
+                 kernel reads a sequence in as many runs as it has blocks
+                 however the pool scattered them. Head-major runs are a
+                 quarter of that per KV head, and a replica that has cycled
+                 through its pool (LRU eviction hands out blocks from
+                 anywhere) paid ~1.9x for its decode attention in them.
     """
 
     BLOCK_MAJOR = "block_major"
     HEAD_MAJOR = "head_major"
     HEAD_MAJOR_TRANSPOSED_KEYS = "head_major_transposed_keys"
+    BLOCK_INTERLEAVED = "block_interleaved"
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +68,8 @@ class KVCache:
                 return KVLayout.HEAD_MAJOR
             if key.permute(2, 0, 3, 1).is_contiguous():
                 return KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS
+        if _interleaved(key, value):
+            return KVLayout.BLOCK_INTERLEAVED
         raise ValueError(f"KV cache with strides {key.stride()}, {value.stride()} has no known layout")
 
     @property
@@ -65,6 +79,27 @@ class KVCache:
     @property
     def block_size(self) -> int:
         return self.key_cache.shape[1]
+
+
+def _interleaved(key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether the two logical views are the halves of one BLOCK_INTERLEAVED storage."""
+    _, block_size, kv_heads, head_dim = key.shape
+    run = kv_heads * head_dim * block_size  # one block's keys, or its values
+    return (
+        key.stride() == (2 * run, 1, head_dim * block_size, block_size)
+        and value.stride() == (2 * run, head_dim, head_dim * block_size, 1)
+        and value.data_ptr() - key.data_ptr() == run * key.element_size()
+    )
+
+
+def interleaved_kv(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                   device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed key and value caches in the BLOCK_INTERLEAVED layout, as their
+    logical [num_blocks, block_size, kv_heads, head_dim] views of one storage."""
+    storage = torch.zeros(num_blocks, 2, kv_heads, head_dim * block_size, dtype=dtype, device=device)
+    keys = storage[:, 0].view(num_blocks, kv_heads, head_dim, block_size).permute(0, 3, 1, 2)
+    values = storage[:, 1].view(num_blocks, kv_heads, block_size, head_dim).permute(0, 2, 1, 3)
+    return keys, values
 
 
 def kv_bytes_per_token(config: LlamaConfig, dtype: torch.dtype) -> int:
@@ -93,6 +128,9 @@ def allocate_kv_caches(
     if num_blocks <= 0 or block_size <= 0:
         raise ValueError(f"num_blocks and block_size must be > 0, got {num_blocks}, {block_size}")
     kv_heads, head_dim = config.num_key_value_heads, config.head_dim
+    if layout is KVLayout.BLOCK_INTERLEAVED:
+        return [KVCache(*interleaved_kv(num_blocks, block_size, kv_heads, head_dim, dtype, device))
+                for _ in range(config.num_hidden_layers)]
 
     def zeros(transposed: bool = False) -> torch.Tensor:
         if transposed:
