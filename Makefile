@@ -18,7 +18,7 @@ PACKAGES := libs/outcomes libs/admission libs/telemetry libs/rpc libs/config lib
             services/gateway services/router services/scheduler services/replica
 PYPROJECTS := $(addsuffix /pyproject.toml,$(PACKAGES))
 # The native CPU kernels are compiled at install: rebuild when their sources change.
-NATIVE := libs/kernels/setup.py $(wildcard libs/kernels/src/sluice/kernels/_*.c)
+NATIVE := libs/kernels/setup.py $(wildcard libs/kernels/src/sluice/kernels/_*.c libs/kernels/src/sluice/kernels/_*.h)
 
 .PHONY: install model run test test-unit protos check-protos bench clean observability-tools observe
 

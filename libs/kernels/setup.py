@@ -1,4 +1,5 @@
-"""The native CPU kernels: paged attention and row argmax (plain C extensions,
+"""The native CPU kernels: paged attention, row argmax and the decoder's
+elementwise steps (plain C extensions,
 no torch headers, OpenMP shared with torch at run time).
 
 Optional: where no C compiler is at hand the build goes on without it and
@@ -23,4 +24,4 @@ def native(name: str) -> Extension:
     )
 
 
-setup(ext_modules=[native("_paged_attention_cpu"), native("_argmax_cpu")])
+setup(ext_modules=[native("_paged_attention_cpu"), native("_argmax_cpu"), native("_elementwise_cpu")])

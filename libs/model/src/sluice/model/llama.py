@@ -19,10 +19,10 @@ knows about it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sluice.kernels.argmax import argmax_rows
+from sluice.kernels.elementwise_cpu import rms_norm, silu_mul
 from sluice.model.attention import AttentionBackend, AttentionMetadata, reference_attention
 from sluice.model.config import LlamaConfig
 from sluice.model.kv_cache import KVCache
@@ -50,11 +50,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 (bf16 variance underflows), scale in the input dtype,
-        # the same order of operations as the HF reference.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # In float32 whatever x is, as the HF reference (sluice.kernels.elementwise_cpu).
+        return rms_norm(x, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -111,8 +108,7 @@ class LlamaMLP(nn.Module):
         return self.intermediate_size, self.intermediate_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # each [T, inter]
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))  # [T, 2 * inter] -> [T, inter] -> [T, hidden]
 
 
 class LlamaDecoderLayer(nn.Module):

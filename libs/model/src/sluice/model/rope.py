@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from sluice.kernels.elementwise_cpu import rotate
 from sluice.model.config import RopeScaling
 
 
@@ -60,24 +61,11 @@ def rope_cos_sin(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """[..., head_dim] -> [..., head_dim]: (x1, x2) -> (-x2, x1) on the two halves."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] by cos, sin [T, head_dim] (broadcast over heads).
-
-    The model rotates q and k as one tensor (their heads side by side, as the
-    fused q/k/v projection lays them out): half the small ops per layer."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
-
-
 def apply_rotary(
     query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, num_heads, head_dim] and k [T, num_kv_heads, head_dim].
+    """Rotate q [T, num_heads, head_dim] and k [T, num_kv_heads, head_dim]
+    (``rotate``: x cos + rotate_half(x) sin, one native pass on CPU).
 
     cos, sin: [T, head_dim]; broadcast over heads.
     """
