@@ -115,3 +115,30 @@ def test_runs_in_bfloat16(make_config):
     runner = ModelRunner(model, allocate_kv_caches(config, 4, BLOCK, torch.bfloat16, "cpu"))
     out = runner.execute(ModelInput((SequenceInput([1, 2, 3], 0, [0], GREEDY),), return_logits=True))
     assert out.logits.dtype == torch.float32 and torch.isfinite(out.logits).all()
+
+
+def test_small_steps_run_on_one_thread_and_large_ones_on_all(make_config):
+    config = make_config()
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runner = ModelRunner(model, allocate_kv_caches(config, 16, BLOCK, torch.float32, "cpu"),
+                             single_thread_step_tokens=4)
+        small = ModelInput((SequenceInput([5, 6, 7, 8], 0, [0], GREEDY),))  # 4 tokens: one thread
+        large = ModelInput((SequenceInput(list(range(5, 10)), 0, [1, 2], GREEDY),))  # 5 tokens: both
+        small_out = runner.execute(ModelInput(small.sequences, return_logits=True))
+        assert torch.get_num_threads() == 1
+        runner.execute(large)
+        assert torch.get_num_threads() == 2
+        # The thread count changes the schedule of the work, not its result.
+        on_both = ModelRunner(model, allocate_kv_caches(config, 16, BLOCK, torch.float32, "cpu"))
+        both_out = on_both.execute(ModelInput(small.sequences, return_logits=True))
+        assert torch.get_num_threads() == 2
+        torch.testing.assert_close(both_out.logits, small_out.logits, atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="single_thread_step_tokens"):
+            ModelRunner(model, allocate_kv_caches(config, 16, BLOCK, torch.float32, "cpu"),
+                        single_thread_step_tokens=-1)
+    finally:
+        torch.set_num_threads(before)

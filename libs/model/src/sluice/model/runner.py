@@ -87,9 +87,19 @@ class ModelRunner:
         kv_caches: list[KVCache],
         *,
         sampler: Sampler | None = None,
+        single_thread_step_tokens: int = 0,
     ) -> None:
         if not kv_caches or len(kv_caches) != len(model.layers):
             raise ValueError(f"need {len(model.layers)} KV caches, got {len(kv_caches)}")
+        if single_thread_step_tokens < 0:
+            raise ValueError(f"single_thread_step_tokens must be >= 0, got {single_thread_step_tokens}")
+        # A step of at most this many tokens runs on one torch thread, larger
+        # ones on the threads torch had when the runner was built (0: every
+        # step on those). Where other processes share the cores, every
+        # parallel region of a small step waits at its barrier for a thread
+        # that is off a core; a prefill step's GEMMs are long enough to pay.
+        self.single_thread_step_tokens = single_thread_step_tokens
+        self._threads = torch.get_num_threads()
         self.model = model
         self.kv_caches = kv_caches
         self.sampler = sampler or Sampler(model.config.eos_token_ids)
@@ -118,6 +128,7 @@ class ModelRunner:
         if not batch.sequences:
             return ModelOutput(sampled_token_ids=(), logits=None)
         step = self.prepare(batch)
+        self._set_threads(step.input_ids.shape[0])
         with torch.inference_mode():
             hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_caches, should_yield)
             # hidden: [T, hidden_size]
@@ -136,6 +147,11 @@ class ModelRunner:
         for seq_index, token in zip(step.sample_seq_indices, tokens):
             sampled[seq_index] = token
         return ModelOutput(tuple(sampled), logits if batch.return_logits else None)
+
+    def _set_threads(self, num_tokens: int) -> None:
+        threads = 1 if num_tokens <= self.single_thread_step_tokens else self._threads
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
     def prepare(self, batch: ModelInput) -> PreparedStep:
         """Flatten the batch into tensors. Loops per sequence, never per token."""

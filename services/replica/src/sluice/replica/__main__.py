@@ -47,7 +47,7 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
     )
     caches = allocate_kv_caches(model.config, num_blocks, settings.block_size_tokens, dtype, device,
                                 layout=preferred_kv_layout(device, dtype))
-    runner = ModelRunner(model, caches)
+    runner = ModelRunner(model, caches, single_thread_step_tokens=settings.for_device("single_thread_step_tokens"))
     core = IterationScheduler(
         settings.scheduler_config(max_model_len_tokens=model.config.max_position_embeddings,
                                   model_depth_scale_tokens=attention_depth_scale_tokens(model.config)),

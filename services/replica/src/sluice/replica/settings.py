@@ -43,6 +43,12 @@ DEVICE_DEFAULTS = {
     # a step's layers ahead of the device, so a check between them cuts
     # little and wastes what was queued; CPU steps run as they are issued.
     "yield_to_chats": DeviceDefault(cpu=1, cuda=0),
+    # A CPU step of up to 256 tokens (decodes, small chunks) on one torch
+    # thread, larger ones on all: whole stack on 2 shared cores (tiny model,
+    # 64 streams, 128/128), 3,023-3,548 output tok/s against 2,884-3,032 with
+    # every step on two threads, in alternating rounds. A GPU step's host
+    # threads do little: off.
+    "single_thread_step_tokens": DeviceDefault(cpu=256, cuda=0),
 }
 
 
@@ -106,6 +112,10 @@ class ReplicaSettings(SluiceSettings):
     canary_interval_s: float = Field(5.0, gt=0, description="how often the readiness canary runs")
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    single_thread_step_tokens: int | None = Field(
+        None, ge=0, description="steps of at most this many tokens run on one torch thread, larger ones on "
+        "torch_threads; none = by device (DEVICE_DEFAULTS); 0 = every step on torch_threads"
+    )
     # Which linear implementation float32 on CPU runs, per layer shape:
     # "auto" times MKL (torch's F.linear) against oneDNN packed weights on
     # this machine at start-up (under a second for a small model) and keeps
