@@ -131,7 +131,12 @@ def test_out_of_range_inputs_are_refused_before_the_kernel_runs():
     with pytest.raises(ValueError, match="block tables"):
         paged_attention_native(b["query"], b["key_cache"], b["value_cache"], b["block_tables"],
                                too_long, b["query_start_loc"], 0.1)
-    with pytest.raises(ValueError, match="seq_ids"):
+    past_the_query = b["query_start_loc"].clone()
+    past_the_query[-1] = b["query"].shape[0] + 1  # a query row that is not there
+    with pytest.raises(ValueError, match="block tables"):
+        paged_attention_native(b["query"], b["key_cache"], b["value_cache"], b["block_tables"],
+                               b["seq_lens"], past_the_query, 0.1)
+    with pytest.raises(ValueError, match="seq_ids outside"):
         call(b, seq_ids=torch.tensor([2], dtype=torch.int32))
     with pytest.raises(ValueError, match="float32"):
         paged_attention_native(b["query"].half(), b["key_cache"].half(), b["value_cache"].half(),
@@ -145,3 +150,7 @@ def test_write_kv_refuses_slots_outside_the_cache():
     rows = torch.zeros(1, 2, 32)
     with pytest.raises(ValueError, match="slot outside"):
         write_kv_native(rows, rows, cache, cache.clone(), torch.tensor([4 * 16]))
+    two_rows = torch.ones(2, 2, 32)
+    with pytest.raises(ValueError, match="slot outside"):  # the good slot before it is not written either
+        write_kv_native(two_rows, two_rows, cache, cache.clone(), torch.tensor([3, 4 * 16]))
+    assert not cache.any()

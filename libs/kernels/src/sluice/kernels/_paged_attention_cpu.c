@@ -349,16 +349,38 @@ static int run(const PagedArgs *a, int num_threads) {
     return failed ? -1 : 0;
 }
 
+/* The kernel reads where the indices say: refuse any that point outside the
+ * cache, the query or the batch, before reading anything. Here rather than
+ * in the wrapper, where the same checks were a dozen tensor reductions a
+ * layer (~50 us; a loop over the tables is ~1 us). NULL when they hold. */
+static const char *index_error(const PagedArgs *a, int64_t num_seqs, int64_t num_tokens, int64_t num_blocks) {
+    const int32_t *starts = a->query_start_loc;
+    if (num_seqs > 0 && (starts[0] < 0 || starts[num_seqs] > num_tokens))
+        return "block tables, seq_lens and query_start_loc disagree with the cache or query";
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t q_len = (int64_t)starts[s + 1] - starts[s];
+        if (q_len < 0 || a->seq_lens[s] < q_len || a->seq_lens[s] > a->max_blocks * a->block_size)
+            return "block tables, seq_lens and query_start_loc disagree with the cache or query";
+    }
+    for (int64_t i = 0; i < num_seqs * a->max_blocks; ++i)
+        if (a->block_tables[i] < 0 || a->block_tables[i] >= num_blocks)
+            return "block tables, seq_lens and query_start_loc disagree with the cache or query";
+    for (int64_t w = 0; w < a->num_work_seqs; ++w)
+        if (a->seq_ids[w] < 0 || a->seq_ids[w] >= num_seqs) return "seq_ids outside the batch's sequences";
+    return NULL;
+}
+
 static PyObject *paged_attention_f32(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, seq_ids, out;
     PagedArgs a;
+    long long num_seqs, num_tokens, num_blocks;
     int num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLL(LLLL)(LLL)fi", &query, &key_cache, &value_cache, &block_tables,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLL(LLLL)(LLL)fiLLL", &query, &key_cache, &value_cache, &block_tables,
                           &seq_lens, &query_start_loc, &seq_ids, &out, &a.num_work_seqs, &a.num_heads,
                           &a.num_kv_heads, &a.head_dim, &a.block_size, &a.max_blocks, &a.k_stride_block,
                           &a.k_stride_slot, &a.k_stride_head, &a.k_stride_d, &a.v_stride_block, &a.v_stride_slot,
-                          &a.v_stride_head, &a.scale, &num_threads))
+                          &a.v_stride_head, &a.scale, &num_threads, &num_seqs, &num_tokens, &num_blocks))
         return NULL;
     a.prefetch_blocks = a.k_stride_head > a.k_stride_block;
     if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads != 0 || a.head_dim <= 0 || a.block_size <= 0 ||
@@ -374,6 +396,11 @@ static PyObject *paged_attention_f32(PyObject *self, PyObject *args) {
     a.query_start_loc = (const int32_t *)(uintptr_t)query_start_loc;
     a.seq_ids = (const int32_t *)(uintptr_t)seq_ids;
     a.out = (float *)(uintptr_t)out;
+    const char *error = index_error(&a, num_seqs, num_tokens, num_blocks);
+    if (error != NULL) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = run(&a, num_threads > 0 ? num_threads : 1);
     Py_END_ALLOW_THREADS if (rc != 0) return PyErr_NoMemory();
@@ -386,12 +413,17 @@ static PyObject *paged_attention_f32(PyObject *self, PyObject *args) {
 static PyObject *write_kv_f32(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long key, value, key_cache, value_cache, slots;
-    long long num_tokens, kv_heads, head_dim, block_size;
+    long long num_tokens, kv_heads, head_dim, block_size, num_blocks;
     long long ksb, kss, ksh, ksd, vsb, vss, vsh;
-    if (!PyArg_ParseTuple(args, "KKKKKLLLL(LLLL)(LLL)", &key, &value, &key_cache, &value_cache, &slots,
+    if (!PyArg_ParseTuple(args, "KKKKKLLLL(LLLL)(LLL)L", &key, &value, &key_cache, &value_cache, &slots,
                           &num_tokens, &kv_heads, &head_dim, &block_size, &ksb, &kss, &ksh, &ksd, &vsb, &vss,
-                          &vsh))
+                          &vsh, &num_blocks))
         return NULL;
+    for (long long t = 0; t < num_tokens; ++t) /* every slot checked before any is written */
+        if (((const int64_t *)(uintptr_t)slots)[t] >= num_blocks * block_size) {
+            PyErr_Format(PyExc_ValueError, "slot outside the cache's %lld slots", num_blocks * block_size);
+            return NULL;
+        }
     const float *k = (const float *)(uintptr_t)key, *v = (const float *)(uintptr_t)value;
     float *kc = (float *)(uintptr_t)key_cache, *vc = (float *)(uintptr_t)value_cache;
     const int64_t *slot = (const int64_t *)(uintptr_t)slots;
