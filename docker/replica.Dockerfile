@@ -74,7 +74,7 @@ RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels/local \
         ./libs/kernels ./libs/model ./libs/rollout ./services/replica \
     && python -c "import glob, zipfile; \
 names = zipfile.ZipFile(glob.glob('/wheels/local/sluice_kernels-*.whl')[0]).namelist(); \
-missing = [k for k in ('_paged_attention_cpu', '_argmax_cpu') if not any(k in n and n.endswith('.so') for n in names)]; \
+missing = [k for k in ('_paged_attention_cpu', '_argmax_cpu', '_elementwise_cpu') if not any(k in n and n.endswith('.so') for n in names)]; \
 assert not missing, f'native CPU kernels not compiled: {missing}'"
 # 2. Their third-party dependencies at the versions constraints.txt locks,
 #    with the Triton extra of the kernels and the quality extra of the

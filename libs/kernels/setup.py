@@ -18,6 +18,7 @@ def native(name: str) -> Extension:
     return Extension(
         f"sluice.kernels.{name}",
         sources=[f"src/sluice/kernels/{name}.c"],
+        depends=["src/sluice/kernels/_cpu_vector.h"],  # included by the sources: a change rebuilds them
         extra_compile_args=["-O3", "-std=c11", "-ffp-contract=fast", *openmp],
         extra_link_args=openmp,
         optional=True,
