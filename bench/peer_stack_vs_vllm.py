@@ -4,8 +4,8 @@ Both serve the same tiny checkpoint on this machine; the shared load client
 (../shared/bench-peer/load.py: 64 concurrent streams, 128 prompt / 128
 output tokens, greedy, ignore_eos) drives Sluice's gateway (all four
 services, SSE) and then vLLM's OpenAI server. Prints output tok/s and p99
-TTFT for both and the ratios (issue targets: tok/s ratio >= 1.0, p99 TTFT
-no worse).
+TTFT for both and the ratios (targets: tok/s ratio >= 1.5, p99 TTFT and
+median TPOT no worse).
 
 Needs the peer environment (PEER_DIR, default ~/peer) from
 ../shared/bench-peer/install.sh; without it, says so and exits 0. Every
