@@ -268,12 +268,12 @@ static inline __attribute__((always_inline)) void attend_one_d(const PagedArgs *
         /* Weighted sum of values, accumulated in registers per query head. */
         for (int64_t g = 0; g < G; ++g) {
             const float *s = scores + g * row;
-            /* Rows alternate between two accumulators, for the same reason
-             * as the scores' four. */
             if (D % 16 == 0 && D <= 128) { /* the common head sizes: rows as whole vectors */
                 weighted_values16(a, v_head, table, s, visible, num_blocks, g == 0, o + g * D, inv_sum[g], D);
                 continue;
             }
+            /* Rows alternate between two accumulators, for the same reason
+             * as the scores' four. */
             float acc0[D], acc1[D];
             for (int64_t d = 0; d < D; ++d) acc0[d] = acc1[d] = 0.0f;
             for (int64_t b = 0; b < num_blocks; ++b) {

@@ -34,8 +34,7 @@ def _native_rows(*tensors: torch.Tensor) -> bool:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [N, hidden] (or [..., hidden] through torch), weight [hidden] -> like x."""
-    if x.dim() == 2 and weight.dim() == 1 and weight.shape[0] == x.shape[1] and _native_rows(x, weight) \
-            and weight.is_contiguous():
+    if x.dim() == 2 and weight.dim() == 1 and weight.shape[0] == x.shape[1] and _native_rows(x, weight):
         rows, cols = x.shape
         out = torch.empty(rows, cols, dtype=x.dtype)
         _native.rms_norm_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, cols, x.stride(0), float(eps),

@@ -25,10 +25,10 @@ that shape:
     keys then its values; the torch path reads it as it reads any strides
     (a gather through the logical view, writes by (block, slot) index).
 
-Head-major is what the CPU wants: a block of one KV head is one contiguous
-run, which the native kernel streams through (as ``[head_dim, block_size]``
-for transposed keys: a block's scores are then block_size-wide vector FMAs), and
-one flat `index_select` over ``head * num_blocks + block`` ids gathers every
+The native kernel reads any of these in place (transposed keys make a
+block's scores block_size-wide vector FMAs; block-interleaved puts a
+block's heads in one run). Head-major is what the torch path wants: one
+flat `index_select` over ``head * num_blocks + block`` ids gathers every
 sequence's context as ``[kv_heads, S, L, head_dim]`` with a contiguous
 ``[L, head_dim]`` inner layout, which SDPA reads ~2x faster than the strided
 view a block-major gather gives. The torch decode then runs as one SDPA call
