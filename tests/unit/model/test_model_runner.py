@@ -136,6 +136,10 @@ def test_small_steps_run_on_one_thread_and_large_ones_on_all(make_config):
         on_both = ModelRunner(model, allocate_kv_caches(config, 16, BLOCK, torch.float32, "cpu"))
         both_out = on_both.execute(ModelInput(small.sequences, return_logits=True))
         assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)  # without the rule the runner leaves the process's count alone
+        on_both.execute(large)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
         torch.testing.assert_close(both_out.logits, small_out.logits, atol=1e-5, rtol=1e-5)
         with pytest.raises(ValueError, match="single_thread_step_tokens"):
             ModelRunner(model, allocate_kv_caches(config, 16, BLOCK, torch.float32, "cpu"),

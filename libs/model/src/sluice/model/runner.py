@@ -94,10 +94,11 @@ class ModelRunner:
         if single_thread_step_tokens < 0:
             raise ValueError(f"single_thread_step_tokens must be >= 0, got {single_thread_step_tokens}")
         # A step of at most this many tokens runs on one torch thread, larger
-        # ones on the threads torch had when the runner was built (0: every
-        # step on those). Where other processes share the cores, every
-        # parallel region of a small step waits at its barrier for a thread
-        # that is off a core; a prefill step's GEMMs are long enough to pay.
+        # ones on the threads torch had when the runner was built (0: the
+        # runner leaves torch's thread count alone). Where other processes
+        # share the cores, every parallel region of a small step waits at
+        # its barrier for a thread that is off a core; a prefill step's GEMMs
+        # are long enough to pay.
         self.single_thread_step_tokens = single_thread_step_tokens
         self._threads = torch.get_num_threads()
         self.model = model
@@ -149,6 +150,8 @@ class ModelRunner:
         return ModelOutput(tuple(sampled), logits if batch.return_logits else None)
 
     def _set_threads(self, num_tokens: int) -> None:
+        if not self.single_thread_step_tokens:
+            return  # the threads are whatever the process set, as without the rule
         threads = 1 if num_tokens <= self.single_thread_step_tokens else self._threads
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
