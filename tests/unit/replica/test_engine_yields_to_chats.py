@@ -83,12 +83,12 @@ class ChatDuringStep(StepExecutor):
         self._chat, self._sink = chat, sink
         self.steps = self.yielding_steps = 0
 
-    def execute(self, plan, should_yield=None):
+    def run_prepared(self, prepared, previous=None, should_yield=None):
         self.steps += 1
         self.yielding_steps += should_yield is not None
         if self.steps == 2:
             self.engine.submit(self._chat, self._sink)
-        return super().execute(plan, should_yield)
+        return super().run_prepared(prepared, previous, should_yield)
 
 
 def run_engine(model, yield_to_chats: bool) -> tuple[dict[str, list[int]], EngineLoop, ChatDuringStep]:

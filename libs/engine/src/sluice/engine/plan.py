@@ -13,14 +13,17 @@ from sluice.engine.request import FinishReason
 @dataclass(slots=True)
 class ScheduledChunk:
     """Tokens of one sequence computed this step: a decode token, a prefill
-    chunk, or a recompute after preemption; the runner does not care which."""
+    chunk, or a recompute after preemption; the runner does not care which.
+    A decode planned while the step that samples its token is in flight
+    carries PLACEHOLDER_TOKEN_ID (sluice.engine.sequence): the runner takes
+    the id from that step's sample."""
 
     request_id: str
     token_ids: tuple[int, ...]
     start_position: int           # position of token_ids[0] in the sequence
     block_table: tuple[int, ...]  # covers start_position + len(token_ids) tokens
     samples: bool                 # this chunk reaches the end: sample one token
-    num_output_tokens: int        # already produced (for min_tokens masking)
+    num_output_tokens: int        # produced before this chunk's sample, known or pending (min_tokens)
     sampling: Any = None          # the request's opaque sampling parameters
 
 
@@ -33,6 +36,9 @@ class StepPlan:
     # meanwhile (SchedulerConfig.yield_to_chats); given up, it is never
     # passed to `update`, and the next `schedule` plans its work again.
     yields_to_chats: bool = False
+    # Which plan of its scheduler this is (from 1; 0 = an empty plan, never
+    # updated): plans are updated in the order they were made.
+    index: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -42,10 +42,22 @@ step after a held or abandoned one never yields.
 `schedule(now_s)` returns a frozen `StepPlan`; `update(plan, sampled)`
 applies the runner's sampled tokens, registers newly computed full blocks in
 the prefix cache, and returns per-request outputs.
+
+A plan counts as computed the moment it is made, so the next one may be
+made before it is updated (async scheduling: the replica plans step N+1
+while step N runs). Tokens step N samples are then pending: step N+1
+decodes them with a placeholder id the runner fills in from N's sample. A
+sequence whose pending token reaches its length limit gets no more steps;
+one that stops on a sampled stop token has one wasted decode in the plan
+already made, which `update` ignores. Preempted while a step of its runs, a
+sequence still keeps the token that step samples, so outputs are what
+one-at-a-time scheduling gives. Plans are updated in the order they were
+made; `unschedule` (and `abandon`) take back the newest.
 """
 
 import itertools
 import math
+from collections import deque
 from collections.abc import Mapping
 
 from sluice.engine.block_manager import BlockManager, CachedPrefix, KVBlocks
@@ -73,6 +85,8 @@ class IterationScheduler:
         self._probes: list[Sequence] = []  # health probes not yet admitted: they skip the waiting line
         self._running: list[Sequence] = []  # in admission order
         self._arrivals = itertools.count()
+        self._plan_indices = itertools.count(1)
+        self._in_flight: deque[int] = deque()  # indices of plans made and not yet updated
         self.num_preemptions_total = 0
         # The previous step held long chunks and batch back for first tokens.
         self._held_for_first_tokens_last_step = False
@@ -145,20 +159,24 @@ class IterationScheduler:
         planned = step.chunks
         decoding = sorted(  # num_uncomputed_tokens == 1, inlined: every running sequence, every step
             (s for s in self._running
-             if len(s.all_token_ids) - s.num_computed_tokens == 1 and s.request.request_id not in planned),
+             if len(s.all_token_ids) + s.num_pending_tokens - s.num_computed_tokens == 1
+             and s.request.request_id not in planned and not s.final_token_pending),
             key=_rank)
         for sequence in decoding:
             if step.budget_tokens == 0:
                 break
             if sequence.status is SequenceStatus.RUNNING:  # not preempted earlier in this loop
                 self._schedule_running(sequence, step)
-        if not self._waiting and len(decoding) == len(self._running) and not step.preempted_ids:
-            # Every resident sequence is decoding and nobody waits: the
-            # prefill and admission passes below would add nothing (the
-            # common step of a steady decode; the simulator runs millions).
+        if not self._waiting and not step.preempted_ids and (
+                len(decoding) == len(self._running)
+                or len(decoding) + sum(s.final_token_pending for s in self._running) == len(self._running)):
+            # Every resident sequence is decoding (or ends once its pending
+            # token is known) and nobody waits: the prefill and admission
+            # passes below would add nothing (the common step of a steady
+            # decode; the simulator runs millions).
             self._held_for_first_tokens_last_step = False
             chunks = tuple(step.chunks.values())
-            return StepPlan(chunks, (), now_s, self._yields(chunks, their_turn))
+            return self._plan(chunks, (), now_s, self._yields(chunks, their_turn))
 
         step.chunk_cap_tokens = self.config.long_prefill_chunk_tokens
         step.depth_scale_tokens = self.config.prefill_depth_scale_tokens
@@ -183,7 +201,8 @@ class IterationScheduler:
                     step.chunk_cap_tokens = min(step.chunk_cap_tokens or cap, cap)
             prefilling = sorted(
                 (s for s in self._running
-                 if s.request.service_class == service_class and s.request_id not in step.chunks),
+                 if s.request.service_class == service_class and s.request_id not in step.chunks
+                 and not s.final_token_pending),
                 key=_rank,
             )
             # Tenants with nothing part-way through its prompt are admitted
@@ -205,35 +224,81 @@ class IterationScheduler:
         self._held_for_first_tokens_last_step = held
         chunks = tuple(step.chunks.values())
         yields = not step.batch_held and self._yields(chunks, their_turn)
-        return StepPlan(chunks, tuple(step.preempted_ids), now_s, yields)
+        return self._plan(chunks, tuple(step.preempted_ids), now_s, yields)
+
+    def _plan(self, chunks: tuple[ScheduledChunk, ...], preempted_ids: tuple[str, ...], now_s: float,
+              yields: bool) -> StepPlan:
+        """The plan of `chunks`, counted as computed from now on."""
+        if not chunks:
+            return StepPlan(chunks, preempted_ids, now_s, yields)
+        max_model_len = self.config.max_model_len_tokens
+        for chunk in chunks:
+            sequence = self._sequences[chunk.request_id]
+            sequence.num_computed_tokens = chunk.start_position + len(chunk.token_ids)
+            if chunk.samples:
+                sequence.num_pending_tokens += 1
+                if (sequence.num_output_tokens >= sequence.request.stop.max_output_tokens
+                        or sequence.num_tokens >= max_model_len):
+                    sequence.final_token_pending = True
+        index = next(self._plan_indices)
+        self._in_flight.append(index)
+        return StepPlan(chunks, preempted_ids, now_s, yields, index)
 
     def abandon(self, plan: StepPlan) -> None:
         """The runner gave `plan` up part-way (it yields to chats): nothing
-        of it counts, and the next `schedule` plans its work again (blocks
-        it allocated stay with their sequences). That next step (usually the
-        chat's first-token step) and the one after it do not yield, so work
-        given up again and again still runs at least every third step."""
+        of it counts (`unschedule`), and the next `schedule` plans its work
+        again. That next step (usually the chat's first-token step) and the
+        one after it do not yield, so work given up again and again still
+        runs at least every third step."""
         if not plan.yields_to_chats:
             raise ValueError("only a plan that yields to chats may be abandoned")
+        self.unschedule(plan)
         self._abandoned_last_step = True
 
-    def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> list[RequestOutput]:
-        outputs: list[RequestOutput] = []
+    def unschedule(self, plan: StepPlan) -> None:
+        """Take back the newest plan, not run or given up part-way: its
+        sequences are where they were before it, blocks it allocated stay
+        with them, and its admissions stay admitted."""
+        if plan.is_empty:
+            return
+        if not self._in_flight or self._in_flight[-1] != plan.index:
+            raise ValueError("only the newest plan not yet updated can be taken back")
+        self._in_flight.pop()
         for chunk in plan.chunks:
             sequence = self._sequences.get(chunk.request_id)
             if sequence is None or sequence.status is not SequenceStatus.RUNNING:
-                continue  # cancelled while the step ran
-            if chunk.start_position != sequence.num_computed_tokens:
-                raise ValueError(f"stale plan for {chunk.request_id}: update each plan exactly once, in order")
-            sequence.num_computed_tokens += len(chunk.token_ids)
-            # The step has run, so these blocks' K/V exist: now others may hit them.
-            self.blocks.cache_full_blocks(sequence.request_id, sequence.block_hashes, sequence.num_computed_tokens)
+                continue  # cancelled meanwhile
+            sequence.num_computed_tokens = chunk.start_position
+            if chunk.samples:
+                sequence.num_pending_tokens -= 1
+                sequence.final_token_pending = False
+
+    def update(self, plan: StepPlan, sampled: Mapping[str, int]) -> list[RequestOutput]:
+        """Apply a plan the runner has run: `sampled` has a token for every
+        chunk that samples."""
+        if plan.is_empty:
+            return []
+        if not self._in_flight or self._in_flight[0] != plan.index:
+            raise ValueError(f"stale plan {plan.index}: update each plan exactly once, in the order made")
+        self._in_flight.popleft()
+        max_model_len = self.config.max_model_len_tokens
+        outputs: list[RequestOutput] = []
+        for chunk in plan.chunks:
+            sequence = self._sequences.get(chunk.request_id)
+            if sequence is None:
+                continue  # cancelled, or ended on a token the step before sampled
+            if sequence.status is SequenceStatus.RUNNING:
+                # The step has run, so these blocks' K/V exist: now others may hit them.
+                self.blocks.cache_full_blocks(sequence.request_id, sequence.block_hashes,
+                                              chunk.start_position + len(chunk.token_ids))
             if not chunk.samples:
                 continue
+            # Running, or preempted by a plan made while this step ran: the
+            # token is sound either way (its K/V were intact until this step ended).
             token_id = sampled[chunk.request_id]
             sequence.append_output(token_id)
-            reason = sequence.request.stop.finish_reason(token_id, sequence.num_output_tokens)
-            if reason is None and sequence.num_tokens >= self.config.max_model_len_tokens:
+            reason = sequence.request.stop.finish_reason(token_id, sequence.num_known_output_tokens)
+            if reason is None and len(sequence.all_token_ids) >= max_model_len:
                 reason = FinishReason.LENGTH
             if reason is not None:
                 del self._sequences[sequence.request_id]
@@ -247,6 +312,8 @@ class IterationScheduler:
         """Health probes first: a slot past max_num_seqs, blocks taken from
         the newest running sequence if none are free (it recomputes)."""
         for sequence in list(self._probes):
+            if sequence.num_pending_tokens:
+                continue  # preempted while a step of its runs: back once that step is updated
             kv = self.blocks.allocate(sequence.request_id, sequence.num_tokens)
             if kv is None:
                 victims = [s for s in self._running if not s.request.probe]
@@ -376,8 +443,10 @@ class IterationScheduler:
             sequence = self._waiting.peek(skip_keys)
             if sequence is None or sequence.request.service_class != service_class:
                 return True
-            if sequence.request_id in step.preempted_ids:
-                return False  # it just lost its blocks to make room this step
+            if sequence.request_id in step.preempted_ids or sequence.num_pending_tokens:
+                # It just lost its blocks to make room this step, or lost them
+                # while a step of its runs: it waits for that step's token.
+                return False
             prefix = self.blocks.lookup_prefix(sequence.block_hashes, sequence.num_tokens)
             # Transferred K/V past the cache hit goes into the fresh blocks
             # allocated after the hit's: both count as computed.
@@ -444,7 +513,7 @@ class IterationScheduler:
             start_position=start,
             block_table=kv.block_ids,
             samples=stop == sequence.num_tokens,
-            num_output_tokens=sequence.num_output_tokens,
+            num_output_tokens=sequence.num_output_tokens,  # pending ones too: this sample follows them
             sampling=sequence.request.sampling,
         )
 
@@ -492,5 +561,5 @@ class IterationScheduler:
             finish_reason=sequence.finish_reason,
             num_prompt_tokens=sequence.num_prompt_tokens,
             num_cached_tokens=sequence.num_cached_tokens,
-            num_output_tokens=sequence.num_output_tokens,
+            num_output_tokens=sequence.num_known_output_tokens,
         )

@@ -10,6 +10,11 @@ from sluice.engine.block_hash import BlockHash, extend_block_hashes, root_block_
 from sluice.engine.request import EngineRequest, FinishReason
 
 
+# The id of a token a step in flight samples, in a chunk planned before it is
+# known (a decode right behind its sampling step). Never a vocabulary id.
+PLACEHOLDER_TOKEN_ID = -1
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -33,9 +38,19 @@ class Sequence:
     # from the root of the request's cache scope.
     block_hashes: list[BlockHash] = field(default_factory=list)
     _root_hash: BlockHash = field(init=False, repr=False)
-    # Tokens whose K/V are in the cache. The sequence catches up to
+    # Tokens whose K/V are in the cache or are written by a step already
+    # planned (a plan counts its chunks as computed when it is made, so the
+    # next plan can be made while it runs). The sequence catches up to
     # num_tokens step by step; a decode is simply num_tokens - 1 computed.
     num_computed_tokens: int = 0
+    # Tokens a planned step samples that are not known yet (update brings
+    # them): at most one per plan in flight. They count in num_tokens, so
+    # the next plan decodes them; their ids go to the runner as
+    # PLACEHOLDER_TOKEN_ID, filled in from the step that samples them.
+    num_pending_tokens: int = 0
+    # The pending token is certainly its last (the length limit): no step
+    # decodes it; update ends the sequence once the token is known.
+    final_token_pending: bool = False
     # Prompt tokens found in the prefix cache at first admission (billing).
     num_cached_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
@@ -66,14 +81,18 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return len(self.all_token_ids) + self.num_pending_tokens
 
     @property
-    def num_output_tokens(self) -> int:
+    def num_known_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
-    def output_token_ids(self) -> list[int]:
+    def num_output_tokens(self) -> int:  # known and pending
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:  # the known ones
         return self.all_token_ids[self.num_prompt_tokens :]
 
     @property
@@ -86,9 +105,15 @@ class Sequence:
         return self.long_prefill and self.num_uncomputed_tokens > 1
 
     def token_ids(self, start: int, stop: int) -> tuple[int, ...]:
-        return tuple(self.all_token_ids[start:stop])
+        known = self.all_token_ids[start:stop]
+        if stop - start > len(known):  # the pending tokens' ids come from the runner
+            known += [PLACEHOLDER_TOKEN_ID] * (stop - start - len(known))
+        return tuple(known)
 
     def append_output(self, token_id: int) -> None:
+        """A sampled token is known: the oldest pending one, if any."""
+        if self.num_pending_tokens:
+            self.num_pending_tokens -= 1
         tokens = self.all_token_ids
         tokens.append(token_id)
         if len(tokens) >= (len(self.block_hashes) + 1) * self.block_size_tokens:  # a block just filled

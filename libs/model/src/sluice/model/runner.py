@@ -128,7 +128,11 @@ class ModelRunner:
         yes before a layer or the LM head (sluice.model.yielding)."""
         if not batch.sequences:
             return ModelOutput(sampled_token_ids=(), logits=None)
-        step = self.prepare(batch)
+        return self.run(batch, self.prepare(batch), should_yield)
+
+    def run(self, batch: ModelInput, step: PreparedStep, should_yield: YieldCheck | None = None) -> ModelOutput:
+        """Run a step `prepare` flattened (`execute` in two halves, so the
+        next step's tensors can be built while this one runs)."""
         self._set_threads(step.input_ids.shape[0])
         with torch.inference_mode():
             hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_caches, should_yield)
@@ -200,6 +204,21 @@ class ModelRunner:
             logits_indices=logits_indices.to(dev),
             sample_seq_indices=sample_seq_indices,
         )
+
+    def fill_tokens(self, step: PreparedStep, rows: Sequence[int], token_ids: Sequence[int]) -> None:
+        """Set the input ids of flattened `rows` (tokens not known when the
+        step was prepared: sampled by the step before it)."""
+        vocab = self.model.config.vocab_size
+        if len(rows) != len(token_ids):
+            raise ValueError(f"{len(rows)} rows but {len(token_ids)} token ids")
+        if not rows:
+            return
+        if min(token_ids) < 0 or max(token_ids) >= vocab:
+            raise ValueError(f"token id outside [0, {vocab})")
+        if min(rows) < 0 or max(rows) >= step.input_ids.shape[0]:
+            raise ValueError(f"row outside [0, {step.input_ids.shape[0]})")
+        step.input_ids[torch.tensor(rows, dtype=torch.int64, device=self.device)] = torch.tensor(
+            token_ids, dtype=torch.int64).to(self.device)
 
     def _validate(self, seqs: Sequence[SequenceInput]) -> None:
         max_pos = self.model.config.max_position_embeddings

@@ -55,7 +55,8 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
     )
     log.info("model %s on %s/%s, %d KV blocks of %d tokens", settings.model_dir, device, dtype, num_blocks,
              settings.block_size_tokens)
-    return EngineLoop(core, StepExecutor(runner), metrics=metrics), runner
+    return EngineLoop(core, StepExecutor(runner), metrics=metrics,
+                      overlap=bool(settings.for_device("async_scheduling"))), runner
 
 
 async def serve(settings: ReplicaSettings) -> None:

@@ -49,6 +49,10 @@ DEVICE_DEFAULTS = {
     # every step on two threads, in alternating rounds. A GPU step's host
     # threads do little: off.
     "single_thread_step_tokens": DeviceDefault(cpu=256, cuda=0),
+    # 1 = the model on a thread of its own, the next step planned while
+    # one runs (EngineLoop's overlap). A GPU idles while the host plans,
+    # prepares and applies steps one at a time: on.
+    "async_scheduling": DeviceDefault(cpu=0, cuda=1),
 }
 
 
@@ -115,6 +119,10 @@ class ReplicaSettings(SluiceSettings):
     single_thread_step_tokens: int | None = Field(
         None, ge=0, description="steps of at most this many tokens run on one torch thread, larger ones on "
         "torch_threads; none = by device (DEVICE_DEFAULTS); 0 = every step on torch_threads"
+    )
+    async_scheduling: bool | None = Field(
+        None, description="plan and prepare the next engine step while one runs, the model on a thread of "
+        "its own; none = by device (DEVICE_DEFAULTS)"
     )
     # Which linear implementation float32 on CPU runs, per layer shape:
     # "auto" times MKL (torch's F.linear) against oneDNN packed weights on
