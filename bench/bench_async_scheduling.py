@@ -21,10 +21,14 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_harness import build, greedy_request, tune_process  # noqa: E402
 
+from sluice.model.small_step_threads import SmallStepThreads  # noqa: E402
 from sluice.replica.engine_loop import EngineLoop  # noqa: E402
+from sluice.replica.settings import DEVICE_DEFAULTS, ReplicaSettings  # noqa: E402
 
 BATCH, PROMPT, OUTPUT = 64, 128, 128
 
@@ -39,9 +43,11 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
-def tokens_per_s(model_dir: Path, prompts: list[list[int]], overlap: bool) -> tuple[float, float]:
+def tokens_per_s(model_dir: Path, prompts: list[list[int]], overlap: bool,
+                 single_thread_step_tokens: int) -> tuple[float, float]:
     """Output tok/s of one run, and the median step time in ms."""
     core, executor = build(model_dir, budget=2048)
+    executor.runner.small_step_threads = SmallStepThreads(single_thread_step_tokens, torch.get_num_threads())
     engine = EngineLoop(core, executor, overlap=overlap)
     done = threading.Semaphore(0)
     produced = [0]
@@ -74,8 +80,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path(".sluice/models/tiny-llama"))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--single-thread-step-tokens", type=int, default=DEVICE_DEFAULTS["single_thread_step_tokens"].cpu,
+                        help="as the replica's SLUICE_SINGLE_THREAD_STEP_TOKENS (default: its CPU default)")
     args = parser.parse_args()
     tune_process()
+    # The replica's GIL switch interval (SLUICE_GIL_SWITCH_INTERVAL_S): with
+    # CPython's 5 ms, the model thread waits behind the engine thread's
+    # Python for up to that long after each torch call.
+    sys.setswitchinterval(ReplicaSettings.model_fields["gil_switch_interval_s"].default)
     vocab = json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
     rng = random.Random(0)
     prompts = [[rng.randrange(10, vocab) for _ in range(PROMPT)] for _ in range(BATCH)]
@@ -84,7 +96,7 @@ def main() -> None:
     for round_index in range(args.rounds):
         # Alternate which goes first, so a drift in the machine hits both alike.
         for overlap in (False, True) if round_index % 2 == 0 else (True, False):
-            rate, step_ms = tokens_per_s(args.model_dir, prompts, overlap)
+            rate, step_ms = tokens_per_s(args.model_dir, prompts, overlap, args.single_thread_step_tokens)
             runs[overlap].append(rate)
             print(f"round {round_index + 1}  {'overlap' if overlap else 'one step at a time':>18}: "
                   f"{rate:,.0f} output tok/s   (step ~{step_ms:.1f} ms)")

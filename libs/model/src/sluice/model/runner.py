@@ -20,6 +20,7 @@ sequence's own.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
@@ -33,6 +34,7 @@ from sluice.model.llama import LlamaModel
 from sluice.model.loader import load_llama
 from sluice.model import yielding
 from sluice.model.sampler import SampleRequest, Sampler
+from sluice.model.small_step_threads import SmallStepThreads
 from sluice.model.yielding import YieldCheck
 
 
@@ -93,14 +95,14 @@ class ModelRunner:
             raise ValueError(f"need {len(model.layers)} KV caches, got {len(kv_caches)}")
         if single_thread_step_tokens < 0:
             raise ValueError(f"single_thread_step_tokens must be >= 0, got {single_thread_step_tokens}")
-        # A step of at most this many tokens runs on one torch thread, larger
-        # ones on the threads torch had when the runner was built (0: the
-        # runner leaves torch's thread count alone). Where other processes
-        # share the cores, every parallel region of a small step waits at
-        # its barrier for a thread that is off a core; a prefill step's GEMMs
-        # are long enough to pay.
-        self.single_thread_step_tokens = single_thread_step_tokens
-        self._threads = torch.get_num_threads()
+        # A step of at most this many tokens runs on one torch thread or on
+        # all of them (the threads torch had when the runner was built),
+        # whichever the runner measures faster per token lately; larger ones
+        # on all (0: the runner leaves torch's thread count alone). Where
+        # other processes share the cores, every parallel region of a small
+        # step waits at its barrier for a thread that is off a core; a
+        # prefill step's GEMMs are long enough to pay.
+        self.small_step_threads = SmallStepThreads(single_thread_step_tokens, torch.get_num_threads())
         self.model = model
         self.kv_caches = kv_caches
         self.sampler = sampler or Sampler(model.config.eos_token_ids)
@@ -133,7 +135,15 @@ class ModelRunner:
     def run(self, batch: ModelInput, step: PreparedStep, should_yield: YieldCheck | None = None) -> ModelOutput:
         """Run a step `prepare` flattened (`execute` in two halves, so the
         next step's tensors can be built while this one runs)."""
-        self._set_threads(step.input_ids.shape[0])
+        num_tokens = step.input_ids.shape[0]
+        threads = self._set_threads(num_tokens)
+        started_s = time.perf_counter()
+        output = self._run(batch, step, should_yield)
+        if threads:
+            self.small_step_threads.observe(threads, num_tokens, time.perf_counter() - started_s)
+        return output
+
+    def _run(self, batch: ModelInput, step: PreparedStep, should_yield: YieldCheck | None) -> ModelOutput:
         with torch.inference_mode():
             hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_caches, should_yield)
             # hidden: [T, hidden_size]
@@ -153,12 +163,14 @@ class ModelRunner:
             sampled[seq_index] = token
         return ModelOutput(tuple(sampled), logits if batch.return_logits else None)
 
-    def _set_threads(self, num_tokens: int) -> None:
-        if not self.single_thread_step_tokens:
-            return  # the threads are whatever the process set, as without the rule
-        threads = 1 if num_tokens <= self.single_thread_step_tokens else self._threads
+    def _set_threads(self, num_tokens: int) -> int:
+        """The threads this step runs on; 0 where the runner leaves them alone."""
+        if not self.small_step_threads.max_step_tokens:
+            return 0  # the threads are whatever the process set, as without the rule
+        threads = self.small_step_threads.threads_for(num_tokens)
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
+        return threads
 
     def prepare(self, batch: ModelInput) -> PreparedStep:
         """Flatten the batch into tensors. Loops per sequence, never per token."""

@@ -44,10 +44,12 @@ DEVICE_DEFAULTS = {
     # little and wastes what was queued; CPU steps run as they are issued.
     "yield_to_chats": DeviceDefault(cpu=1, cuda=0),
     # A CPU step of up to 256 tokens (decodes, small chunks) on one torch
-    # thread, larger ones on all: whole stack on 2 shared cores (tiny model,
-    # 64 streams, 128/128), 3,023-3,548 output tok/s against 2,884-3,032 with
-    # every step on two threads, in alternating rounds. A GPU step's host
-    # threads do little: off.
+    # thread or on all, whichever the runner measures faster per token
+    # (sluice.model.small_step_threads); larger ones on all. Whole stack on 2
+    # shared cores (tiny model, 64 streams, 128/128): one thread won on an
+    # AVX-512 Xeon (3,023-3,548 output tok/s against 2,884-3,032), two on an
+    # AVX2 EPYC (1,232-1,300 against 1,003-1,056); measured, 1,218-1,226 there.
+    # A GPU step's host threads do little: off.
     "single_thread_step_tokens": DeviceDefault(cpu=256, cuda=0),
     # 1 = the model on a thread of its own, the next step planned while
     # one runs (EngineLoop's overlap). A GPU idles while the host plans,
@@ -117,8 +119,9 @@ class ReplicaSettings(SluiceSettings):
     canary_timeout_s: float = Field(10.0, gt=0, description="a canary slower than this marks the replica wedged")
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
     single_thread_step_tokens: int | None = Field(
-        None, ge=0, description="steps of at most this many tokens run on one torch thread, larger ones on "
-        "torch_threads; none = by device (DEVICE_DEFAULTS); 0 = every step on torch_threads"
+        None, ge=0, description="steps of at most this many tokens run on one torch thread or on torch_threads, "
+        "whichever is measured faster; larger ones on torch_threads; none = by device (DEVICE_DEFAULTS); 0 = every "
+        "step on torch_threads"
     )
     async_scheduling: bool | None = Field(
         None, description="plan and prepare the next engine step while one runs, the model on a thread of "
