@@ -91,7 +91,7 @@ class ChatDuringStep(StepExecutor):
         return super().run_prepared(prepared, previous, should_yield)
 
 
-def run_engine(model, yield_to_chats: bool) -> tuple[dict[str, list[int]], EngineLoop, ChatDuringStep]:
+def run_engine(model, yield_to_chats: bool, overlap: bool = False) -> tuple[dict[str, list[int]], EngineLoop, ChatDuringStep]:
     num_blocks = 64
     caches = allocate_kv_caches(model.config, num_blocks, BLOCK, torch.float32, "cpu")
     core = IterationScheduler(
@@ -111,7 +111,7 @@ def run_engine(model, yield_to_chats: bool) -> tuple[dict[str, list[int]], Engin
         return sink
 
     executor = ChatDuringStep(ModelRunner(model, caches), engine_request("chat", (5, 6, 7, 8), 3), sink_for("chat"))
-    engine = EngineLoop(core, executor, metrics=EngineMetrics("tiny@1", "r0"))
+    engine = EngineLoop(core, executor, metrics=EngineMetrics("tiny@1", "r0"), overlap=overlap)
     executor.engine = engine
     engine.start()
     try:
@@ -125,9 +125,12 @@ def run_engine(model, yield_to_chats: bool) -> tuple[dict[str, list[int]], Engin
     return outputs, engine, executor
 
 
-def test_the_engine_gives_a_batch_step_up_for_a_chat_and_loses_nothing(tiny_checkpoint):
+@pytest.mark.parametrize("overlap", [False, True], ids=["one-step-at-a-time", "overlap"])
+def test_the_engine_gives_a_batch_step_up_for_a_chat_and_loses_nothing(tiny_checkpoint, overlap):
+    # With overlap, nothing is planned past a step that may yield, and no
+    # command is taken while it runs: the chat still makes it give way.
     model = tiny_checkpoint.model
-    outputs, engine, executor = run_engine(model, yield_to_chats=True)
+    outputs, engine, executor = run_engine(model, yield_to_chats=True, overlap=overlap)
     registry = engine.metrics
     assert executor.yielding_steps >= 1
     yielded = next(s for m in registry.collect() if m.name == "sluice_engine_steps_yielded"

@@ -127,7 +127,7 @@ class EngineLoop:
         self._step_time_s = 0.0
         self._steps_total = 0
         self._generated_tokens_total = 0
-        # Written by the model thread only (record); read by WatchState streams.
+        # Written by the engine thread only (record); read by WatchState streams.
         self.cache_events = cache_events or CacheEventLog(CACHE_EVENTS_PER_BLOCK * core.blocks.num_blocks)
         self.cache_events.record(core.blocks.drain_cache_events())  # whatever it cached before this loop
         self.snapshot = self._take_snapshot(clock())
@@ -160,7 +160,7 @@ class EngineLoop:
             self._chat_submitted = self._chat_submitted or chat
             self._wake.notify()
 
-    # -- the model thread ----------------------------------------------------
+    # -- the engine thread ---------------------------------------------------
 
     def _run(self) -> None:
         while True:
