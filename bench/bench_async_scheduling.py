@@ -21,33 +21,20 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster_harness import cpu_model  # noqa: E402
 from engine_harness import build, greedy_request, tune_process  # noqa: E402
 
-from sluice.model.small_step_threads import SmallStepThreads  # noqa: E402
 from sluice.replica.engine_loop import EngineLoop  # noqa: E402
 from sluice.replica.settings import DEVICE_DEFAULTS, ReplicaSettings  # noqa: E402
 
 BATCH, PROMPT, OUTPUT = 64, 128, 128
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def tokens_per_s(model_dir: Path, prompts: list[list[int]], overlap: bool,
                  single_thread_step_tokens: int) -> tuple[float, float]:
-    """Output tok/s of one run, and the median step time in ms."""
-    core, executor = build(model_dir, budget=2048)
-    executor.runner.small_step_threads = SmallStepThreads(single_thread_step_tokens, torch.get_num_threads())
+    """Output tok/s of one run, and the engine's average step time in ms."""
+    core, executor = build(model_dir, budget=2048, single_thread_step_tokens=single_thread_step_tokens)
     engine = EngineLoop(core, executor, overlap=overlap)
     done = threading.Semaphore(0)
     produced = [0]

@@ -39,7 +39,7 @@ def tune_process() -> None:
 
 
 def build(model_dir: Path, *, num_blocks: int = 4096, block_size: int = 16, budget: int = 512,
-          max_seqs: int = 128) -> tuple[IterationScheduler, StepExecutor]:
+          max_seqs: int = 128, single_thread_step_tokens: int = 0) -> tuple[IterationScheduler, StepExecutor]:
     cpu = torch.device("cpu")
     model = load_llama(model_dir, dtype=torch.float32, attention_backend=default_backend(cpu))
     caches = allocate_kv_caches(model.config, num_blocks, block_size, torch.float32, cpu,
@@ -51,7 +51,7 @@ def build(model_dir: Path, *, num_blocks: int = 4096, block_size: int = 16, budg
                         max_model_len_tokens=model.config.max_position_embeddings, long_prefill_chunk_tokens=0),
         BlockManager(num_blocks, block_size),
     )
-    return core, StepExecutor(ModelRunner(model, caches))
+    return core, StepExecutor(ModelRunner(model, caches, single_thread_step_tokens=single_thread_step_tokens))
 
 
 def greedy_request(request_id: str, prompt: list[int], max_output: int, fairness_key: str = "") -> EngineRequest:

@@ -270,12 +270,7 @@ class EngineLoop:
                 log.error("engine step failed; failing %d requests", len(plan.chunks), exc_info=error)
                 self._core.unschedule(plan)
                 for chunk in plan.chunks:
-                    self._core.cancel(chunk.request_id)
-                    self._executor.forget(chunk.request_id)
-                    self.metrics.forget(chunk.request_id)
-                    sink = self._sinks.pop(chunk.request_id, None)
-                    if sink is not None:
-                        sink(error)
+                    self._fail(chunk.request_id, error)
             return
         assert launched.sampled is not None
         outputs = self._core.update(plan, launched.sampled)
@@ -293,12 +288,17 @@ class EngineLoop:
                 sink(output)
 
     def _fail_all(self, error: BaseException) -> None:
-        for request_id, sink in list(self._sinks.items()):
-            self._core.cancel(request_id)
-            self._executor.forget(request_id)
-            self.metrics.forget(request_id)
+        for request_id in list(self._sinks):
+            self._fail(request_id, error)
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        """End a request with `error`: forgotten by the core and everyone."""
+        self._core.cancel(request_id)
+        self._executor.forget(request_id)
+        self.metrics.forget(request_id)
+        sink = self._sinks.pop(request_id, None)
+        if sink is not None:
             sink(error)
-        self._sinks.clear()
 
     def _add(self, request: EngineRequest, sink: Sink) -> None:
         now_s = self._clock()
