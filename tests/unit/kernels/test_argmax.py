@@ -91,9 +91,17 @@ def test_screened_argmax_gives_up_on_too_many_candidates_and_non_finite_rows():
     assert got[1] == -1 and got[2] == -1 and got[0] == got[3] == 0
 
 
+def test_screened_argmax_takes_float32_scores_in_rows_of_a_wider_buffer():
+    scores, margins, hidden, weight = _screen_inputs(16, 1000, 32, seed=5)
+    wider = torch.full((16, 1024), float("nan"))  # the padding past the vocab is never read
+    wider[:, :1000] = scores.float()
+    got = argmax_module.screened_argmax(wider[:, :1000], margins, hidden, weight, max_candidates=64)
+    assert torch.equal(got, _exact_argmax(hidden, weight))
+
+
 def test_screened_argmax_checks_its_inputs():
     scores, margins, hidden, weight = _screen_inputs(2, 10, 4, seed=4)
     with pytest.raises(ValueError):
-        argmax_module.screened_argmax(scores.float(), margins, hidden, weight, 4)
+        argmax_module.screened_argmax(scores.double(), margins, hidden, weight, 4)
     with pytest.raises(ValueError):
         argmax_module.screened_argmax(scores, margins, hidden, weight[:9], 4)

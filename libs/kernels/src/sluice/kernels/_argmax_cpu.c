@@ -59,9 +59,10 @@ static PyObject *argmax_rows_f32(PyObject *self, PyObject *args) {
 
 
 /*
- * Greedy tokens from a bfloat16 screen of the LM head (sluice.model.greedy_head).
+ * Greedy tokens from a screen of the LM head (sluice.model.greedy_head):
+ * bfloat16 scores from oneDNN, or float32 scores from the int8 screen below.
  *
- * For each row r: `scores` holds bf16 logits s_rv, each within margins[r]
+ * For each row r: `scores` holds screened logits s_rv, each within margins[r]
  * of the exact logit t_rv = hidden_r . weight_v (the caller derives that
  * bound from the rounding of its inputs). Every v with s_rv >= max_v s_rv -
  * 2 margins[r] is a candidate; the exact argmax is among them, because it
@@ -82,7 +83,8 @@ static inline float bf16_to_f32(uint16_t b) {
 }
 
 /* Scores are scanned in blocks: one vectorised pass takes each block's max,
- * and only blocks whose max reaches the floor are read again, one by one. */
+ * and only blocks whose max reaches the floor are read again, one by one.
+ * Scores come as bf16 (the oneDNN screen) or float32 (the int8 screen). */
 #define SCREEN_BLOCK 256
 
 SLUICE_CLONES
@@ -96,14 +98,27 @@ static float max_bf16(const uint16_t *x, int64_t n) {
     return m;
 }
 
-static int64_t screened_row(const uint16_t *scores, int64_t vocab, float margin, const float *hidden,
+SLUICE_CLONES
+static float max_f32(const float *x, int64_t n) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+    return m;
+}
+
+static inline float score_at(const void *scores, int is_bf16, int64_t v) {
+    return is_bf16 ? bf16_to_f32(((const uint16_t *)scores)[v]) : ((const float *)scores)[v];
+}
+
+static int64_t screened_row(const void *scores, int is_bf16, int64_t vocab, float margin, const float *hidden,
                             const float *weight, int64_t hidden_size, int64_t max_candidates,
                             float *block_max) {
     int64_t num_blocks = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
     float best_score = -INFINITY;
     for (int64_t b = 0; b < num_blocks; ++b) {
         int64_t start = b * SCREEN_BLOCK, len = vocab - start < SCREEN_BLOCK ? vocab - start : SCREEN_BLOCK;
-        block_max[b] = max_bf16(scores + start, len);
+        block_max[b] = is_bf16 ? max_bf16((const uint16_t *)scores + start, len)
+                               : max_f32((const float *)scores + start, len);
         if (block_max[b] > best_score) best_score = block_max[b];
     }
     if (!isfinite(best_score) || !isfinite(margin)) return -1;
@@ -114,7 +129,7 @@ static int64_t screened_row(const uint16_t *scores, int64_t vocab, float margin,
         if (block_max[b] < floor) continue;
         int64_t end = (b + 1) * SCREEN_BLOCK < vocab ? (b + 1) * SCREEN_BLOCK : vocab;
         for (int64_t v = b * SCREEN_BLOCK; v < end; ++v) {
-            if (bf16_to_f32(scores[v]) < floor) continue;
+            if (score_at(scores, is_bf16, v) < floor) continue;
             if (++count > max_candidates) return -1;
             const float *w = weight + v * hidden_size;
             double logit = 0.0;
@@ -128,41 +143,360 @@ static int64_t screened_row(const uint16_t *scores, int64_t vocab, float margin,
     return best;
 }
 
-static PyObject *screened_argmax_bf16(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long scores_p, margins_p, hidden_p, weight_p, out_p;
-    long long rows, vocab, hidden_size, max_candidates;
-    int num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKLLLLi", &scores_p, &margins_p, &hidden_p, &weight_p, &out_p, &rows,
-                          &vocab, &hidden_size, &max_candidates, &num_threads))
-        return NULL;
-    if (rows < 0 || vocab <= 0 || hidden_size <= 0 || max_candidates < 1) {
-        PyErr_SetString(PyExc_ValueError, "bad screened argmax shape");
-        return NULL;
-    }
-    const uint16_t *scores = (const uint16_t *)(uintptr_t)scores_p;
-    const float *margins = (const float *)(uintptr_t)margins_p;
-    const float *hidden = (const float *)(uintptr_t)hidden_p;
-    const float *weight = (const float *)(uintptr_t)weight_p;
-    int64_t *idx = (int64_t *)(uintptr_t)out_p;
-    float *block_max = PyMem_RawMalloc(sizeof(float) * (size_t)((vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK) *
+/* Every row's screened argmax; scores rows `score_stride` elements apart. */
+static PyObject *screen_rows(const void *scores, int is_bf16, int64_t score_stride, const float *margins,
+                             const float *hidden, const float *weight, int64_t *idx, int64_t rows, int64_t vocab,
+                             int64_t hidden_size, int64_t max_candidates, int num_threads) {
+    int64_t blocks_per_row = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
+    float *block_max = PyMem_RawMalloc(sizeof(float) * (size_t)blocks_per_row *
                                        (size_t)(num_threads > 0 ? num_threads : 1));
     if (block_max == NULL) return PyErr_NoMemory();
-    int64_t blocks_per_row = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
+    const size_t score_bytes = is_bf16 ? sizeof(uint16_t) : sizeof(float);
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) if (rows > 1) schedule(static)
     for (long long r = 0; r < rows; ++r)
-        idx[r] = screened_row(scores + r * vocab, vocab, margins[r], hidden + r * hidden_size, weight,
-                              hidden_size, max_candidates, block_max + omp_get_thread_num() * blocks_per_row);
+        idx[r] = screened_row((const char *)scores + (size_t)r * (size_t)score_stride * score_bytes, is_bf16, vocab,
+                              margins[r], hidden + r * hidden_size, weight, hidden_size, max_candidates,
+                              block_max + omp_get_thread_num() * blocks_per_row);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(block_max);
     Py_RETURN_NONE;
+}
+
+static PyObject *screened_argmax(PyObject *args, int is_bf16) {
+    unsigned long long scores_p, margins_p, hidden_p, weight_p, out_p;
+    long long rows, vocab, score_stride, hidden_size, max_candidates;
+    int num_threads;
+    if (!PyArg_ParseTuple(args, "KKKKKLLLLLi", &scores_p, &margins_p, &hidden_p, &weight_p, &out_p, &rows,
+                          &vocab, &score_stride, &hidden_size, &max_candidates, &num_threads))
+        return NULL;
+    if (rows < 0 || vocab <= 0 || score_stride < vocab || hidden_size <= 0 || max_candidates < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad screened argmax shape");
+        return NULL;
+    }
+    return screen_rows((const void *)(uintptr_t)scores_p, is_bf16, score_stride,
+                       (const float *)(uintptr_t)margins_p, (const float *)(uintptr_t)hidden_p,
+                       (const float *)(uintptr_t)weight_p, (int64_t *)(uintptr_t)out_p, rows, vocab, hidden_size,
+                       max_candidates, num_threads);
+}
+
+static PyObject *screened_argmax_bf16(PyObject *self, PyObject *args) {
+    (void)self;
+    return screened_argmax(args, 1);
+}
+
+static PyObject *screened_argmax_f32(PyObject *self, PyObject *args) {
+    (void)self;
+    return screened_argmax(args, 0);
+}
+
+
+/*
+ * The int8 screen's scores (sluice.model.greedy_head, for CPUs without
+ * bf16 matrix instructions: AVX2 on Zen 2/3 and older Xeons, AVX-512 VNNI
+ * on Cascade Lake). An int8 multiply-add does two to four times the work
+ * of a float32 FMA per instruction, and the LM head is most of a small
+ * model's decode step.
+ *
+ * The weights are quantized once per vocab row v (w_v = s_v q_v, q_v in
+ * [-127, 127]) and packed by the caller in blocks of 16 rows:
+ * packed[block][k / 4][16][4], so one 32-bit lane holds four consecutive
+ * k of one row, the layout both vpmaddubsw + vpmaddwd (AVX2) and vpdpbusd
+ * (VNNI) consume with the activation's four bytes broadcast. Each hidden
+ * row is quantized here, h ~ s_h a, to `bits` bits: a in [-(2^(bits-1) -
+ * 1), 2^(bits-1) - 1], stored biased by 2^(bits-1) because the
+ * instructions take one unsigned operand; bias * sum(q_v) comes back out.
+ * AVX2 takes 7 bits: vpmaddubsw adds two u8 * s8 products in int16 and
+ * saturates, and 2 * 127 * 127 < 32768 (an 8th bit by moving a's sign
+ * onto q with vpsignb measured 1.5x slower, for half the activation term
+ * below). VNNI has no int16 step and takes 8.
+ *
+ * The integer sums are exact, so at one bit width every path (VNNI, AVX2,
+ * scalar) gives the same scores. score_v = sum_v s_v s_h, and with
+ * e_h = h - s_h a,
+ *     |h . w_v - score_v| <= ||h|| ||w_v - s_v q_v|| + ||e_h|| ||s_v q_v||
+ *                            + three float32 roundings (sum, s_v, s_h),
+ * the row's margin, from the caller's maxima over v of the two weight norms.
+ * The first two terms are what quantization costs; the candidates the
+ * screen leaves grow with the margin.
+ */
+#define INT8_BLOCK 16
+
+enum { INT8_ISA_AUTO = 0, INT8_ISA_SCALAR = 1, INT8_ISA_AVX2 = 2, INT8_ISA_AVX512_VNNI = 3 };
+
+/* The row's biased activations (padded_hidden bytes, the bias itself past
+ * hidden_size, so padding adds bias * 0), its scale and margin. */
+static void quantize_row(const float *h, int64_t hidden_size, int64_t padded_hidden, int bits, uint8_t *activations,
+                         float *scale_out, float *margin_out, double weight_error_max, double weight_norm_max) {
+    const int bias = 1 << (bits - 1), limit = bias - 1;
+    float amax = 0.0f;
+    int finite = 1;
+    for (int64_t i = 0; i < hidden_size; ++i) {
+        float a = fabsf(h[i]);
+        finite &= isfinite(a);
+        amax = a > amax ? a : amax;
+    }
+    memset(activations, bias, (size_t)padded_hidden);
+    if (!finite) { /* the caller's full logits decide the row */
+        *scale_out = 0.0f;
+        *margin_out = NAN;
+        return;
+    }
+    /* amax == 0: every score is 0 and the margin the float slack alone: every token is a candidate. */
+    const float scale = amax > 0.0f ? amax / (float)limit : 0.0f;
+    const float inverse = amax > 0.0f ? (float)limit / amax : 0.0f;
+    double h_sq = 0.0, e_sq = 0.0;
+    for (int64_t i = 0; i < hidden_size; ++i) {
+        long a = lrintf(h[i] * inverse);
+        a = a > limit ? limit : (a < -limit ? -limit : a);
+        activations[i] = (uint8_t)(a + bias);
+        const double e = (double)h[i] - (double)scale * (double)a;
+        h_sq += (double)h[i] * (double)h[i];
+        e_sq += e * e;
+    }
+    const double h_norm = sqrt(h_sq), e_norm = sqrt(e_sq);
+    /* The norms are double sums (relative error ~1e-13); 1e-4 covers them and
+     * the bound's own float rounding many times over; 2^-21 covers the three
+     * float32 roundings of the score, |score| <= (||h|| + ||e_h||) max ||s_v q_v||. */
+    const double margin = (h_norm * weight_error_max + e_norm * weight_norm_max) * (1.0 + 1e-4) +
+                          ldexp((h_norm + e_norm) * weight_norm_max, -21) + 1e-30;
+    *scale_out = scale;
+    *margin_out = (float)(margin * (1.0 + 1e-6)); /* rounding the margin to float must not shrink it */
+}
+
+/* One block of 16 vocab rows for `rows` hidden rows: sums[r][j] = the biased
+ * activations of r . q_j, exact; the caller takes bias * sum(q_j) out. */
+static void int8_block_scalar(const uint8_t *activations, int64_t padded_hidden, const int8_t *block, int64_t rows,
+                              int32_t *sums) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t *a = activations + r * padded_hidden;
+        int32_t *s = sums + r * INT8_BLOCK;
+        for (int j = 0; j < INT8_BLOCK; ++j) s[j] = 0;
+        for (int64_t k4 = 0; k4 < padded_hidden / 4; ++k4) {
+            const int8_t *w = block + k4 * INT8_BLOCK * 4;
+            for (int j = 0; j < INT8_BLOCK; ++j)
+                for (int t = 0; t < 4; ++t) s[j] += (int32_t)a[k4 * 4 + t] * (int32_t)w[j * 4 + t];
+        }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define SLUICE_INT8_X86 1
+
+/* AVX2: 4 hidden rows x 16 vocab rows (two ymm of 8 int32 lanes) per pass,
+ * eight independent accumulators; vpmaddubsw then vpmaddwd by ones sums
+ * each lane's four products. */
+__attribute__((target("avx2,fma"))) static void int8_block_avx2(const uint8_t *activations, int64_t padded_hidden,
+                                                                 const int8_t *block, int64_t rows, int32_t *sums) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int64_t steps = padded_hidden / 4;
+    int64_t r = 0;
+#define SLUICE_INT8_AVX2_ROW(A, S0, S1)                                                   \
+    {                                                                                     \
+        int32_t q;                                                                        \
+        memcpy(&q, (A) + k4 * 4, 4);                                                      \
+        const __m256i b = _mm256_set1_epi32(q);                                           \
+        S0 = _mm256_add_epi32(S0, _mm256_madd_epi16(_mm256_maddubs_epi16(b, w0), ones)); \
+        S1 = _mm256_add_epi32(S1, _mm256_madd_epi16(_mm256_maddubs_epi16(b, w1), ones)); \
+    }
+    for (; r + 4 <= rows; r += 4) {
+        const uint8_t *a0 = activations + r * padded_hidden, *a1 = a0 + padded_hidden, *a2 = a1 + padded_hidden,
+                      *a3 = a2 + padded_hidden;
+        __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00,
+                s31 = s00;
+        for (int64_t k4 = 0; k4 < steps; ++k4) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(block + k4 * 64));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(block + k4 * 64 + 32));
+            SLUICE_INT8_AVX2_ROW(a0, s00, s01)
+            SLUICE_INT8_AVX2_ROW(a1, s10, s11)
+            SLUICE_INT8_AVX2_ROW(a2, s20, s21)
+            SLUICE_INT8_AVX2_ROW(a3, s30, s31)
+        }
+        int32_t *s = sums + r * INT8_BLOCK;
+        _mm256_storeu_si256((__m256i *)(s), s00);
+        _mm256_storeu_si256((__m256i *)(s + 8), s01);
+        _mm256_storeu_si256((__m256i *)(s + 16), s10);
+        _mm256_storeu_si256((__m256i *)(s + 24), s11);
+        _mm256_storeu_si256((__m256i *)(s + 32), s20);
+        _mm256_storeu_si256((__m256i *)(s + 40), s21);
+        _mm256_storeu_si256((__m256i *)(s + 48), s30);
+        _mm256_storeu_si256((__m256i *)(s + 56), s31);
+    }
+    for (; r < rows; ++r) {
+        const uint8_t *a0 = activations + r * padded_hidden;
+        __m256i s00 = _mm256_setzero_si256(), s01 = s00;
+        for (int64_t k4 = 0; k4 < steps; ++k4) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(block + k4 * 64));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(block + k4 * 64 + 32));
+            SLUICE_INT8_AVX2_ROW(a0, s00, s01)
+        }
+        _mm256_storeu_si256((__m256i *)(sums + r * INT8_BLOCK), s00);
+        _mm256_storeu_si256((__m256i *)(sums + r * INT8_BLOCK + 8), s01);
+    }
+#undef SLUICE_INT8_AVX2_ROW
+}
+
+/* AVX-512 VNNI: one zmm holds the 16 vocab rows; vpdpbusd sums each lane's
+ * four products into int32 in one instruction. 8 hidden rows per pass. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void int8_block_vnni(const uint8_t *activations,
+                                                                                     int64_t padded_hidden,
+                                                                                     const int8_t *block,
+                                                                                     int64_t rows, int32_t *sums) {
+    const int64_t steps = padded_hidden / 4;
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+        __m512i s[8];
+        for (int i = 0; i < 8; ++i) s[i] = _mm512_setzero_si512();
+        for (int64_t k4 = 0; k4 < steps; ++k4) {
+            const __m512i w = _mm512_loadu_si512((const void *)(block + k4 * 64));
+            for (int i = 0; i < 8; ++i) {
+                int32_t q;
+                memcpy(&q, activations + (r + i) * padded_hidden + k4 * 4, 4);
+                s[i] = _mm512_dpbusd_epi32(s[i], _mm512_set1_epi32(q), w);
+            }
+        }
+        for (int i = 0; i < 8; ++i) _mm512_storeu_si512((void *)(sums + (r + i) * INT8_BLOCK), s[i]);
+    }
+    for (; r < rows; ++r) {
+        __m512i s0 = _mm512_setzero_si512();
+        for (int64_t k4 = 0; k4 < steps; ++k4) {
+            int32_t q;
+            memcpy(&q, activations + r * padded_hidden + k4 * 4, 4);
+            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(q), _mm512_loadu_si512((const void *)(block + k4 * 64)));
+        }
+        _mm512_storeu_si512((void *)(sums + r * INT8_BLOCK), s0);
+    }
+}
+#endif
+
+typedef void (*int8_block_fn)(const uint8_t *, int64_t, const int8_t *, int64_t, int32_t *);
+
+/* Whether this CPU runs `isa` at `bits`-bit activations. */
+static int int8_isa_supported(int isa, int bits) {
+    if (bits != 7 && bits != 8) return 0;
+    switch (isa) {
+    case INT8_ISA_SCALAR: return 1;
+#ifdef SLUICE_INT8_X86
+    case INT8_ISA_AVX2: return bits == 7 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case INT8_ISA_AVX512_VNNI:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vnni");
+#endif
+    default: return 0;
+    }
+}
+
+static int8_block_fn int8_block_for(int isa) {
+#ifdef SLUICE_INT8_X86
+    if (isa == INT8_ISA_AVX512_VNNI) return int8_block_vnni;
+    if (isa == INT8_ISA_AVX2) return int8_block_avx2;
+#endif
+    (void)isa;
+    return int8_block_scalar;
+}
+
+/* Rows per pass over a vocab block: the block (16 x padded_hidden bytes) stays in L1 across them. */
+#define INT8_ROW_CHUNK 64
+
+static PyObject *int8_head_scores(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, scores_p, margins_p;
+    long long rows, hidden_size, padded_hidden, padded_vocab, score_stride;
+    double weight_error_max, weight_norm_max;
+    int isa, bits, num_threads;
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLddiii", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &scores_p,
+                          &margins_p, &rows, &hidden_size, &padded_hidden, &padded_vocab, &score_stride,
+                          &weight_error_max, &weight_norm_max, &isa, &bits, &num_threads))
+        return NULL;
+    if (rows < 0 || hidden_size <= 0 || padded_hidden < hidden_size || padded_hidden % 4 != 0 || padded_vocab <= 0 ||
+        padded_vocab % INT8_BLOCK != 0 || score_stride < padded_vocab) {
+        PyErr_SetString(PyExc_ValueError, "bad int8 head shape");
+        return NULL;
+    }
+    if (!int8_isa_supported(isa, bits)) {
+        PyErr_Format(PyExc_ValueError, "int8 head: instruction set %d with %d-bit activations is not available "
+                     "on this CPU", isa, bits);
+        return NULL;
+    }
+    const float *hidden = (const float *)(uintptr_t)hidden_p;
+    const int8_t *packed = (const int8_t *)(uintptr_t)packed_p;
+    const float *weight_scales = (const float *)(uintptr_t)weight_scales_p;
+    const int32_t *row_sums = (const int32_t *)(uintptr_t)row_sums_p;
+    float *scores = (float *)(uintptr_t)scores_p;
+    float *margins = (float *)(uintptr_t)margins_p;
+    const int threads = num_threads > 0 ? num_threads : 1;
+    const int32_t bias = 1 << (bits - 1);
+    uint8_t *activations = PyMem_RawMalloc((size_t)(rows > 0 ? rows : 1) * (size_t)padded_hidden);
+    float *row_scales = PyMem_RawMalloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1));
+    int32_t *sums = PyMem_RawMalloc(sizeof(int32_t) * INT8_ROW_CHUNK * INT8_BLOCK * (size_t)threads);
+    if (activations == NULL || row_scales == NULL || sums == NULL) {
+        PyMem_RawFree(activations);
+        PyMem_RawFree(row_scales);
+        PyMem_RawFree(sums);
+        return PyErr_NoMemory();
+    }
+    const int8_block_fn block_fn = int8_block_for(isa);
+    const int64_t blocks = padded_vocab / INT8_BLOCK;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t r = 0; r < rows; ++r)
+        quantize_row(hidden + r * hidden_size, hidden_size, padded_hidden, bits, activations + r * padded_hidden,
+                     row_scales + r, margins + r, weight_error_max, weight_norm_max);
+#pragma omp parallel for num_threads(threads) if (blocks > 1) schedule(static)
+    for (long long b = 0; b < blocks; ++b) {
+        int32_t *block_sums = sums + (size_t)omp_get_thread_num() * INT8_ROW_CHUNK * INT8_BLOCK;
+        const int8_t *block = packed + b * INT8_BLOCK * padded_hidden;
+        const int64_t v0 = b * INT8_BLOCK;
+        int32_t shift[INT8_BLOCK];
+        for (int j = 0; j < INT8_BLOCK; ++j) shift[j] = bias * row_sums[v0 + j];
+        for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROW_CHUNK) {
+            const int64_t n = rows - r0 < INT8_ROW_CHUNK ? rows - r0 : INT8_ROW_CHUNK;
+            block_fn(activations + r0 * padded_hidden, padded_hidden, block, n, block_sums);
+            for (int64_t r = 0; r < n; ++r) {
+                float *out = scores + (r0 + r) * score_stride + v0;
+                const int32_t *s = block_sums + r * INT8_BLOCK;
+                const float row_scale = row_scales[r0 + r];
+                for (int j = 0; j < INT8_BLOCK; ++j)
+                    out[j] = (float)(s[j] - shift[j]) * weight_scales[v0 + j] * row_scale;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(activations);
+    PyMem_RawFree(row_scales);
+    PyMem_RawFree(sums);
+    Py_RETURN_NONE;
+}
+
+/* [(isa, bits), ...] this CPU runs. */
+static PyObject *int8_head_isas(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    for (int isa = INT8_ISA_SCALAR; isa <= INT8_ISA_AVX512_VNNI; ++isa)
+        for (int bits = 7; bits <= 8; ++bits) {
+            if (!int8_isa_supported(isa, bits)) continue;
+            PyObject *pair = Py_BuildValue("(ii)", isa, bits);
+            if (pair == NULL || PyList_Append(out, pair) < 0) {
+                Py_XDECREF(pair);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(pair);
+        }
+    return out;
 }
 
 static PyMethodDef methods[] = {
     {"argmax_rows_f32", argmax_rows_f32, METH_VARARGS, "Row-wise argmax; pointers and shapes as ints."},
     {"screened_argmax_bf16", screened_argmax_bf16, METH_VARARGS,
      "Exact row argmax from a bf16 screen; pointers and shapes as ints, -1 where a row needs the full logits."},
+    {"screened_argmax_f32", screened_argmax_f32, METH_VARARGS,
+     "Exact row argmax from a float32 screen; as screened_argmax_bf16."},
+    {"int8_head_scores", int8_head_scores, METH_VARARGS,
+     "The int8 screen's float32 scores and each row's margin; pointers and shapes as ints."},
+    {"int8_head_isas", int8_head_isas, METH_VARARGS, "The int8 screen's instruction sets this CPU runs."},
     {NULL, NULL, 0, NULL},
 };
 

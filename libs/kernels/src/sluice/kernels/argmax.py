@@ -3,7 +3,8 @@ for float32 CPU rows where this install has it, torch's argmax otherwise.
 Same result as ``x.argmax(dim=-1)`` for finite rows, ties to the lowest index.
 
 ``screened_argmax`` is the second half of sluice.model.greedy_head: the
-exact argmax from a bfloat16 screen of the logits (native only)."""
+exact argmax from a screen of the logits, bfloat16 (oneDNN) or float32
+scores (sluice.kernels.int8_head), native only."""
 
 from __future__ import annotations
 
@@ -35,21 +36,24 @@ def screened_argmax(scores: torch.Tensor, margins: torch.Tensor, hidden: torch.T
                     max_candidates: int) -> torch.Tensor:
     """The exact argmax of ``hidden @ weight.T`` per row, from a screen.
 
-    scores: bf16 [N, V], each within ``margins`` [N] (float32) of its exact
+    scores: bf16 or float32 [N, V] (rows may be strided, as a view of a
+    wider buffer), each within ``margins`` [N] (float32) of its exact
     logit; hidden: float32 [N, H]; weight: float32 [V, H]. Returns int64 [N]:
     the token, or -1 where a row had more than ``max_candidates`` candidates
     or non-finite inputs (compute that row's full logits instead)."""
     if not screened_argmax_available():
         raise RuntimeError("the native screened argmax is not built in this install")
     rows, vocab = scores.shape
-    if (scores.dtype != torch.bfloat16 or margins.dtype != torch.float32 or hidden.dtype != torch.float32
-            or weight.dtype != torch.float32 or margins.shape != (rows,) or hidden.shape[0] != rows
-            or weight.shape != (vocab, hidden.shape[1])):
+    if (scores.dtype not in (torch.bfloat16, torch.float32) or margins.dtype != torch.float32
+            or hidden.dtype != torch.float32 or weight.dtype != torch.float32 or margins.shape != (rows,)
+            or hidden.shape[0] != rows or weight.shape != (vocab, hidden.shape[1])):
         raise ValueError(f"screened_argmax: scores {tuple(scores.shape)} {scores.dtype}, margins "
                          f"{tuple(margins.shape)}, hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}")
-    scores, margins, hidden, weight = (t.contiguous() for t in (scores, margins, hidden, weight))
+    if scores.stride(1) != 1 or (rows > 1 and scores.stride(0) < vocab):
+        scores = scores.contiguous()
+    margins, hidden, weight = (t.contiguous() for t in (margins, hidden, weight))
     out = torch.empty(rows, dtype=torch.int64)
-    _native.screened_argmax_bf16(scores.data_ptr(), margins.data_ptr(), hidden.data_ptr(), weight.data_ptr(),
-                                 out.data_ptr(), rows, vocab, hidden.shape[1], max_candidates,
-                                 torch.get_num_threads())
+    screen = _native.screened_argmax_bf16 if scores.dtype == torch.bfloat16 else _native.screened_argmax_f32
+    screen(scores.data_ptr(), margins.data_ptr(), hidden.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, vocab,
+           max(scores.stride(0), vocab), hidden.shape[1], max_candidates, torch.get_num_threads())
     return out

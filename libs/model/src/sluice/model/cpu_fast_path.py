@@ -10,16 +10,16 @@ in, module by module, the way gpt-fast applies quantization: llama.py keeps
 one forward path and never knows.
 
     load_llama ──▶ LlamaModel (nn.Linear everywhere)
-                    │ choose_linears(model, "auto", cache)   # {module name: "onednn" | "torch" | "screened"}
+                    │ choose_linears(model, "auto", cache)   # {module name: "onednn" | "torch" | "screened_*"}
                     ▼ apply_cpu_fast_path(model, choice)    # nn.Linear -> PackedLinear where faster,
                    the same model, same state_dict          #   the LM head -> ScreenedHead where faster
 
-The LM head has a third choice: `ScreenedHead` (sluice.model.greedy_head)
-answers greedy steps from a bfloat16 screen plus the exact logits of a few
-candidates. "auto" times a greedy step's head both ways (full float32 head
-and argmax, against the screen) and takes the screen only where it wins,
-which needs bf16 hardware (AMX or AVX512-BF16); the forced modes never
-screen.
+The LM head has more choices: `ScreenedHead` (sluice.model.greedy_head)
+answers greedy steps from a bfloat16 or an int8 screen plus the exact
+logits of a few candidates. "auto" times a greedy step's head each way
+(full float32 head and argmax, against each screen this CPU runs: bf16
+needs AMX or AVX512-BF16, int8 only the native kernels) and takes the
+fastest; the forced modes never screen.
 
 A probe costs well under a second for a small model; its answer is cached
 in a JSON file per machine (CPU model and flags, torch version, threads),
@@ -35,6 +35,7 @@ import platform
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -44,12 +45,12 @@ from torch import nn
 
 from sluice.kernels.argmax import argmax_rows
 from sluice.model.cpu_linear import PackedLinear, onednn_linear_available
-from sluice.model.greedy_head import ScreenedHead, screen_available
+from sluice.model.greedy_head import SCREEN_KINDS, ScreenedHead, ScreenKind, available_screens
 
 log = logging.getLogger(__name__)
 
-LinearImpl = Literal["torch", "onednn", "screened"]
-# The module that computes the logits, the one "screened" may replace.
+LinearImpl = Literal["torch", "onednn", "screened_bf16", "screened_int8"]
+# The module that computes the logits, the one a screen may replace.
 LM_HEAD = "lm_head"
 # "auto": measure (or read this machine's cached measurement); the others force one.
 CPU_LINEAR_MODES = ("auto", "onednn", "torch")
@@ -99,8 +100,8 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
     float32 on this machine's CPU with torch's current thread count. With
     `head` (the LM head's shape, no bias) and a screen available, its entry
     also has "greedy_full" (the faster full head, then argmax) and
-    "greedy_screened" (ScreenedHead.greedy_token_ids), on rows normalised as
-    a final RMSNorm leaves them."""
+    "greedy_<kind>" for each screen this CPU runs (ScreenedHead's
+    greedy_token_ids), on rows normalised as a final RMSNorm leaves them."""
     generator = torch.Generator().manual_seed(0)
     timings: dict[str, dict[str, float]] = {}
     for shape in shapes:
@@ -111,13 +112,14 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
         x = torch.randn(rows, shape.in_features, generator=generator)  # [rows, in]
         impls = {"torch": lambda: F.linear(x, linear.weight, linear.bias), "onednn": lambda: packed(x)}
         timings[shape.key] = _best_times(impls, trials, min_time_s)
-        if shape == head and screen_available():
+        screens = available_screens() if shape == head else ()
+        if screens:
             full = packed if _faster(timings[shape.key]) == "onednn" else linear
-            screened = ScreenedHead(linear)
             normed = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # [rows, in], RMS 1
-            timings[shape.key].update(_best_times({"greedy_full": lambda: argmax_rows(full(normed)),
-                                                   "greedy_screened": lambda: screened.greedy_token_ids(normed)},
-                                                  trials, min_time_s))
+            greedy = {"greedy_full": lambda: argmax_rows(full(normed)),
+                      **{f"greedy_{kind}": partial(ScreenedHead(linear, screen=kind).greedy_token_ids, normed)
+                         for kind in screens}}
+            timings[shape.key].update(_best_times(greedy, trials, min_time_s))
     return timings
 
 
@@ -138,7 +140,7 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
     except OSError:
         model_name = platform.processor() or platform.machine()
     facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
-             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"screen={screen_available()}"]
+             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"screens={','.join(available_screens())}"]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
@@ -147,7 +149,7 @@ def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | No
 
     mode "torch" or "onednn" forces one (onednn only where torch has it);
     "auto" takes, per distinct shape, whichever this machine's probe found
-    faster, and for the LM head the screen where it beat the full head,
+    faster, and for the LM head the fastest screen where it beat the full head,
     reading and writing the probe in `cache_dir` when given."""
     if mode not in CPU_LINEAR_MODES:
         raise ValueError(f"cpu linear mode {mode!r}: expected one of {', '.join(CPU_LINEAR_MODES)}")
@@ -161,8 +163,9 @@ def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | No
     head_shape = _shape(head) if head is not None and head.bias is None else None
     timings = _cached_probe(shapes, cache_dir, head_shape)
     choice: dict[str, LinearImpl] = {name: _faster(timings[_shape(linear).key]) for name, linear in linears.items()}
-    if head_shape is not None and _screen_wins(timings[head_shape.key]):
-        choice[LM_HEAD] = "screened"
+    screen = _fastest_screen(timings[head_shape.key]) if head_shape is not None else None
+    if screen is not None:
+        choice[LM_HEAD] = f"screened_{screen}"
     return choice
 
 
@@ -170,8 +173,13 @@ def _faster(timing: Mapping[str, float]) -> LinearImpl:
     return "onednn" if timing["onednn"] < timing["torch"] else "torch"
 
 
-def _screen_wins(timing: Mapping[str, float]) -> bool:
-    return "greedy_screened" in timing and timing["greedy_screened"] < timing["greedy_full"]
+def _fastest_screen(timing: Mapping[str, float]) -> ScreenKind | None:
+    """The screen that beat the full head by the most, if any did."""
+    timed = [(timing[f"greedy_{kind}"], kind) for kind in SCREEN_KINDS if f"greedy_{kind}" in timing]
+    if not timed or "greedy_full" not in timing:
+        return None
+    seconds, kind = min(timed)
+    return kind if seconds < timing["greedy_full"] else None
 
 
 def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
@@ -188,10 +196,10 @@ def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
     timings = probe_linears(shapes, head=head)
     log.info("probed CPU linears in %.2f s: %s", time.perf_counter() - started,
              ", ".join(f"{key} {_faster(t)} ({t['torch'] / t['onednn']:.2f}x)" for key, t in timings.items()))
-    if head is not None and "greedy_screened" in timings[head.key]:
-        t = timings[head.key]
-        log.info("greedy LM head %s: screened %.2f ms, full %.2f ms", head.key,
-                 t["greedy_screened"] * 1e3, t["greedy_full"] * 1e3)
+    if head is not None and "greedy_full" in timings[head.key]:
+        log.info("greedy LM head %s: %s", head.key,
+                 ", ".join(f"{name.removeprefix('greedy_')} {seconds * 1e3:.2f} ms"
+                           for name, seconds in timings[head.key].items() if name.startswith("greedy_")))
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +213,7 @@ def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
 
 def apply_cpu_fast_path(model: nn.Module, choice: Mapping[str, LinearImpl]) -> nn.Module:
     """Swap each nn.Linear chosen "onednn" for a PackedLinear, and one chosen
-    "screened" for a ScreenedHead, over the same Parameters; the model's
+    "screened_<kind>" for a ScreenedHead with that screen, over the same Parameters; the model's
     names, state_dict and forward are unchanged."""
     for name, impl in choice.items():
         if impl == "torch":
@@ -214,5 +222,6 @@ def apply_cpu_fast_path(model: nn.Module, choice: Mapping[str, LinearImpl]) -> n
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, child)
         if type(linear) is nn.Linear:
-            setattr(parent, child, ScreenedHead(linear) if impl == "screened" else PackedLinear(linear))
+            kind = impl.removeprefix("screened_")
+            setattr(parent, child, ScreenedHead(linear, screen=kind) if kind in SCREEN_KINDS else PackedLinear(linear))
     return model

@@ -1,0 +1,129 @@
+"""The LM head's int8 screen: scores within a known margin of the exact
+logits, from int8 weights and 7- or 8-bit activations (``_argmax_cpu.c``
+derives the margin and says why AVX2 takes 7 bits).
+
+For CPUs whose torch has no fast bf16 matmul (AVX2 on Zen 2/3 and older
+Xeons, AVX-512 VNNI without bf16 on Cascade Lake): there the full float32
+head is most of a small model's decode step, and an int8 multiply-add does
+two to four times the work of a float32 FMA per instruction. The scores
+feed ``sluice.kernels.argmax.screened_argmax``, which recomputes the few
+candidates exactly, so the token never depends on the quantization.
+
+    head = pack_int8_head(weight)                    # once: [V, H] float32
+    margins = int8_head_scores(hidden, head, out)    # per step: out [N, >= padded_vocab]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch  # first: the kernel then shares the OpenMP runtime torch loaded
+
+try:
+    from sluice.kernels import _argmax_cpu as _native
+except ImportError:  # built without a C compiler
+    _native = None
+
+# Vocab rows per packed block (one 512-bit register of int32 lanes) and
+# activation bytes per lane: the layout the kernels read.
+VOCAB_BLOCK = 16
+LANE_BYTES = 4
+WEIGHT_MAX = 127
+
+# Instruction sets of the kernel, as the C code numbers them, fastest last.
+ISA_SCALAR, ISA_AVX2, ISA_AVX512_VNNI = 1, 2, 3
+ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX512_VNNI: "avx512-vnni"}
+
+
+def int8_head_available() -> bool:
+    return _native is not None and hasattr(_native, "int8_head_scores")
+
+
+def supported_isas() -> list[tuple[int, int]]:
+    """(instruction set, activation bits) pairs this CPU runs: scalar at
+    both widths always (where built), AVX2 at 7 bits, VNNI at both."""
+    return [tuple(pair) for pair in _native.int8_head_isas()] if int8_head_available() else []
+
+
+def best_isa() -> tuple[int, int]:
+    """The fastest instruction set here, at the most bits it takes."""
+    return max(supported_isas(), key=lambda pair: (pair[0], pair[1]))
+
+
+@dataclass(frozen=True, slots=True)
+class Int8Head:
+    """A float32 [vocab, hidden] head quantized per row and packed.
+
+    packed: int8 [padded_vocab / 16, padded_hidden / 4, 16, 4];
+    scales: float32 [padded_vocab], w_v ~ scales[v] * q_v;
+    row_sums: int32 [padded_vocab], sum(q_v) (for the VNNI path's unsigned shift);
+    error_norm_max: max_v ||w_v - scales[v] q_v||; norm_max: max_v ||scales[v] q_v||."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    row_sums: torch.Tensor
+    vocab: int
+    hidden: int
+    error_norm_max: float
+    norm_max: float
+
+    @property
+    def padded_vocab(self) -> int:
+        return self.scales.shape[0]
+
+    @property
+    def padded_hidden(self) -> int:
+        return self.packed.shape[1] * LANE_BYTES
+
+
+def pack_int8_head(weight: torch.Tensor) -> Int8Head:
+    """weight: float32 [vocab, hidden] (CPU) -> its int8 screen."""
+    if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        raise ValueError(f"pack_int8_head takes a float32 CPU [vocab, hidden] weight, got "
+                         f"{tuple(weight.shape)} {weight.dtype} on {weight.device}")
+    vocab, hidden = weight.shape
+    w = weight.detach().double()
+    amax = w.abs().amax(dim=1)  # [V]
+    # A float32 scale per row; a zero row keeps scale 1 and codes 0.
+    scales = torch.where(amax > 0, amax / WEIGHT_MAX, torch.ones_like(amax)).float()
+    codes = torch.round(w / scales.double()[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX)  # [V, H], integral
+    dequantized = codes * scales.double()[:, None]
+    error_norm_max = float((w - dequantized).norm(dim=1).max()) if vocab else 0.0
+    norm_max = float(dequantized.norm(dim=1).max()) if vocab else 0.0
+
+    padded_vocab = -(-max(vocab, 1) // VOCAB_BLOCK) * VOCAB_BLOCK
+    padded_hidden = -(-hidden // LANE_BYTES) * LANE_BYTES
+    q = torch.zeros(padded_vocab, padded_hidden, dtype=torch.int8)
+    q[:vocab, :hidden] = codes.to(torch.int8)
+    packed = (q.view(padded_vocab // VOCAB_BLOCK, VOCAB_BLOCK, padded_hidden // LANE_BYTES, LANE_BYTES)
+              .permute(0, 2, 1, 3).contiguous())
+    padded_scales = torch.ones(padded_vocab, dtype=torch.float32)
+    padded_scales[:vocab] = scales
+    row_sums = q.sum(dim=1, dtype=torch.int32)  # [padded_vocab]
+    return Int8Head(packed, padded_scales, row_sums, vocab, hidden, error_norm_max, norm_max)
+
+
+def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
+                     isa: tuple[int, int] | None = None) -> torch.Tensor:
+    """Scores of ``hidden`` (float32 [N, H]) into ``out`` (float32, rows at
+    least ``head.padded_vocab`` wide, contiguous in each row); returns the
+    rows' margins, float32 [N]: each score of ``out[:, :head.vocab]`` is
+    within its row's margin of the exact logit. A row with a NaN or inf gets
+    a NaN margin (the screen then leaves it to the full logits). ``isa``:
+    (instruction set, activation bits), this CPU's `best_isa` by default."""
+    if not int8_head_available():
+        raise RuntimeError("the native int8 head is not built in this install")
+    rows = hidden.shape[0]
+    if (hidden.dim() != 2 or hidden.dtype != torch.float32 or hidden.shape[1] != head.hidden
+            or out.dtype != torch.float32 or out.dim() != 2 or out.shape[0] < rows
+            or out.shape[1] < head.padded_vocab or out.stride(1) != 1):
+        raise ValueError(f"int8_head_scores: hidden {tuple(hidden.shape)} {hidden.dtype}, out "
+                         f"{tuple(out.shape)} {out.dtype}, head {head.vocab}x{head.hidden}")
+    instruction_set, bits = isa if isa is not None else best_isa()
+    hidden = hidden.contiguous()
+    margins = torch.empty(rows, dtype=torch.float32)
+    _native.int8_head_scores(hidden.data_ptr(), head.packed.data_ptr(), head.scales.data_ptr(),
+                             head.row_sums.data_ptr(), out.data_ptr(), margins.data_ptr(), rows, head.hidden,
+                             head.padded_hidden, head.padded_vocab, out.stride(0) if rows > 1 else head.padded_vocab,
+                             head.error_norm_max, head.norm_max, instruction_set, bits, torch.get_num_threads())
+    return margins

@@ -1,0 +1,140 @@
+"""The int8 screen of the LM head (sluice.kernels.int8_head): the packed
+layout the kernels read, the same scores on every instruction set this CPU
+runs, each score within its row's margin of the exact logit, a margin small
+enough to screen with, and clear refusals of bad input."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from sluice.kernels import int8_head
+from sluice.kernels.int8_head import (ISA_AVX2, ISA_AVX512_VNNI, ISA_SCALAR, LANE_BYTES, VOCAB_BLOCK, best_isa,
+                                      int8_head_scores, pack_int8_head, supported_isas)
+
+
+def _weight(vocab: int, hidden: int, seed: int, std: float = 0.02) -> torch.Tensor:
+    return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)) * std
+
+
+def _normed(rows: int, hidden: int, seed: int) -> torch.Tensor:
+    x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(seed))
+    return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # as a final RMSNorm leaves it
+
+
+def _scores(hidden: torch.Tensor, head, isa: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.full((hidden.shape[0], head.padded_vocab), float("nan"))
+    margins = int8_head_scores(hidden, head, out, isa=isa)
+    return out[:, :head.vocab], margins
+
+
+def test_the_kernel_is_built_and_runs_its_scalar_path_anywhere():
+    assert int8_head.int8_head_available()
+    assert {(ISA_SCALAR, 7), (ISA_SCALAR, 8)} <= set(supported_isas())
+    assert best_isa() in supported_isas()
+
+
+def test_the_packed_layout_puts_four_k_of_one_row_in_each_lane():
+    weight = _weight(37, 10, seed=0)  # neither dimension a multiple of its block
+    head = pack_int8_head(weight)
+    assert (head.vocab, head.hidden, head.padded_vocab, head.padded_hidden) == (37, 10, 48, 12)
+    assert head.packed.shape == (48 // VOCAB_BLOCK, 12 // LANE_BYTES, VOCAB_BLOCK, LANE_BYTES)
+    codes = torch.zeros(48, 12, dtype=torch.int8)
+    for b in range(3):
+        for k4 in range(3):
+            codes[b * 16:(b + 1) * 16, k4 * 4:(k4 + 1) * 4] = head.packed[b, k4]
+    assert codes[37:].abs().sum() == 0 and codes[:, 10:].abs().sum() == 0  # padding is zero
+    assert codes[:37, :10].abs().amax(dim=1).tolist() == [127] * 37  # each row uses its full range
+    dequantized = codes[:37, :10].double() * head.scales[:37, None].double()
+    assert (dequantized - weight.double()).abs().max() <= head.scales.max() / 2 * (1 + 1e-6)
+    assert head.row_sums.tolist() == codes.int().sum(dim=1).tolist()
+
+
+@pytest.mark.parametrize("bits", [7, 8])
+@pytest.mark.parametrize("shape", [(13, 70, 1000), (64, 256, 4000), (1, 8, 16)])
+def test_every_instruction_set_gives_the_same_scores_each_within_its_margin(shape, bits):
+    rows, hidden_size, vocab = shape
+    weight = _weight(vocab, hidden_size, seed=rows)
+    head = pack_int8_head(weight)
+    hidden = _normed(rows, hidden_size, seed=vocab)
+    exact = hidden.double() @ weight.double().t()  # [rows, vocab]
+    reference, margins = _scores(hidden, head, isa=(ISA_SCALAR, bits))
+    assert (reference.double() - exact).abs().le(margins.double()[:, None]).all()
+    # Not a vacuous bound: a fraction of the logits' spread (~0.02 sqrt(hidden)), halved by the 8th bit.
+    assert margins.max() < {7: 0.6, 8: 0.4}[bits] * exact.std()
+    paths = [isa for isa in supported_isas() if isa[1] == bits]
+    for isa in paths:
+        scores, isa_margins = _scores(hidden, head, isa=isa)
+        assert torch.equal(scores, reference), isa
+        assert torch.equal(isa_margins, margins)
+    if best_isa()[1] == bits:
+        with torch.inference_mode():
+            auto, _ = _scores(hidden, head)
+        assert torch.equal(auto, reference)
+
+
+def test_the_eighth_bit_narrows_the_margin():
+    head = pack_int8_head(_weight(2000, 256, seed=1))
+    hidden = _normed(8, 256, seed=2)
+    _, seven = _scores(hidden, head, isa=(ISA_SCALAR, 7))
+    _, eight = _scores(hidden, head, isa=(ISA_SCALAR, 8))
+    assert (eight < 0.8 * seven).all()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the vector paths are x86's")
+def test_x86_builds_run_the_vector_paths_this_cpu_has():
+    flags_line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    flags = set(flags_line.split(":", 1)[1].split())
+    assert ((ISA_AVX2, 7) in supported_isas()) == ({"avx2", "fma"} <= flags)
+    assert (ISA_AVX2, 8) not in supported_isas()  # vpmaddubsw would saturate
+    vnni = {"avx512f", "avx512bw", "avx512_vnni"} <= flags
+    assert ((ISA_AVX512_VNNI, 7) in supported_isas()) == ((ISA_AVX512_VNNI, 8) in supported_isas()) == vnni
+    assert best_isa() == ((ISA_AVX512_VNNI, 8) if vnni else (ISA_AVX2, 7) if "avx2" in flags else (ISA_SCALAR, 8))
+
+
+def test_large_activations_and_weights_stay_within_the_margin():
+    # Outliers set each row's scale: the rest of the row quantizes coarsely, and the margin must say so.
+    weight = _weight(500, 64, seed=3)
+    weight[::7, 5] = 3.0
+    hidden = _normed(9, 64, seed=4)
+    hidden[:, 11] = 40.0
+    head = pack_int8_head(weight)
+    scores, margins = _scores(hidden, head)
+    exact = hidden.double() @ weight.double().t()
+    assert (scores.double() - exact).abs().le(margins.double()[:, None]).all()
+
+
+def test_a_non_finite_row_gets_no_margin_and_a_zero_row_scores_zero():
+    head = pack_int8_head(_weight(40, 16, seed=5))
+    hidden = _normed(3, 16, seed=6)
+    hidden[0, 3] = float("nan")
+    hidden[1] = 0.0
+    hidden[2, 0] = float("inf")
+    scores, margins = _scores(hidden, head)
+    assert margins[0].isnan() and margins[2].isnan()
+    assert scores[1].abs().max() == 0 and 0 < margins[1] < 1e-20
+
+
+def test_a_zero_weight_row_scores_zero():
+    weight = _weight(20, 12, seed=7)
+    weight[4] = 0.0
+    head = pack_int8_head(weight)
+    scores, _ = _scores(_normed(2, 12, seed=8), head)
+    assert scores[:, 4].abs().max() == 0
+
+
+def test_bad_input_is_refused_clearly():
+    head = pack_int8_head(_weight(40, 16, seed=9))
+    with pytest.raises(ValueError, match="float32 CPU"):
+        pack_int8_head(torch.zeros(4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="int8_head_scores"):
+        int8_head_scores(torch.zeros(2, 15), head, torch.empty(2, head.padded_vocab))  # wrong hidden size
+    with pytest.raises(ValueError, match="int8_head_scores"):
+        int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.vocab))  # narrower than the padding
+    with pytest.raises(ValueError, match="instruction set 9"):
+        int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), isa=(9, 8))
+    with pytest.raises(ValueError, match="6-bit"):
+        int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), isa=(ISA_SCALAR, 6))
