@@ -118,6 +118,14 @@ def test_a_non_finite_row_gets_no_margin_and_a_zero_row_scores_zero():
     assert scores[1].abs().max() == 0 and 0 < margins[1] < 1e-20
 
 
+def test_a_non_finite_weight_leaves_every_row_to_the_full_head():
+    weight = _weight(5000, 16, seed=10)  # past one packing chunk
+    weight[4500, 3] = float("nan")
+    head = pack_int8_head(weight)
+    _, margins = _scores(_normed(3, 16, seed=11), head)
+    assert margins.isnan().all()
+
+
 def test_a_zero_weight_row_scores_zero():
     weight = _weight(20, 12, seed=7)
     weight[4] = 0.0

@@ -29,6 +29,7 @@ except ImportError:  # built without a C compiler
 VOCAB_BLOCK = 16
 LANE_BYTES = 4
 WEIGHT_MAX = 127
+PACK_CHUNK_ROWS = 4096
 
 # Instruction sets of the kernel, as the C code numbers them, fastest last.
 ISA_SCALAR, ISA_AVX2, ISA_AVX512_VNNI = 1, 2, 3
@@ -82,25 +83,30 @@ def pack_int8_head(weight: torch.Tensor) -> Int8Head:
         raise ValueError(f"pack_int8_head takes a float32 CPU [vocab, hidden] weight, got "
                          f"{tuple(weight.shape)} {weight.dtype} on {weight.device}")
     vocab, hidden = weight.shape
-    w = weight.detach().double()
-    amax = w.abs().amax(dim=1)  # [V]
-    # A float32 scale per row; a zero row keeps scale 1 and codes 0.
-    scales = torch.where(amax > 0, amax / WEIGHT_MAX, torch.ones_like(amax)).float()
-    codes = torch.round(w / scales.double()[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX)  # [V, H], integral
-    dequantized = codes * scales.double()[:, None]
-    error_norm_max = float((w - dequantized).norm(dim=1).max()) if vocab else 0.0
-    norm_max = float(dequantized.norm(dim=1).max()) if vocab else 0.0
-
     padded_vocab = -(-max(vocab, 1) // VOCAB_BLOCK) * VOCAB_BLOCK
     padded_hidden = -(-hidden // LANE_BYTES) * LANE_BYTES
     q = torch.zeros(padded_vocab, padded_hidden, dtype=torch.int8)
-    q[:vocab, :hidden] = codes.to(torch.int8)
+    padded_scales = torch.ones(padded_vocab, dtype=torch.float32)
+    error_norms, norms = [torch.zeros(1, dtype=torch.float64)], [torch.zeros(1, dtype=torch.float64)]
+    # In row chunks: the double temporaries of a whole large head (128k x 8k) would be gigabytes.
+    for start in range(0, vocab, PACK_CHUNK_ROWS):
+        w = weight[start:start + PACK_CHUNK_ROWS].detach().double()
+        amax = w.abs().amax(dim=1)  # [rows]
+        # A float32 scale per row; a zero row keeps scale 1 and codes 0.
+        scales = torch.where(amax > 0, amax / WEIGHT_MAX, torch.ones_like(amax)).float()
+        codes = torch.round(w / scales.double()[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX)  # integral
+        dequantized = codes * scales.double()[:, None]
+        error_norms.append((w - dequantized).norm(dim=1))
+        norms.append(dequantized.norm(dim=1))
+        q[start:start + w.shape[0], :hidden] = codes.to(torch.int8)
+        padded_scales[start:start + w.shape[0]] = scales
+
     packed = (q.view(padded_vocab // VOCAB_BLOCK, VOCAB_BLOCK, padded_hidden // LANE_BYTES, LANE_BYTES)
               .permute(0, 2, 1, 3).contiguous())
-    padded_scales = torch.ones(padded_vocab, dtype=torch.float32)
-    padded_scales[:vocab] = scales
     row_sums = q.sum(dim=1, dtype=torch.int32)  # [padded_vocab]
-    return Int8Head(packed, padded_scales, row_sums, vocab, hidden, error_norm_max, norm_max)
+    # torch's max keeps a NaN (a NaN weight then gives every row a NaN margin: the full head decides).
+    return Int8Head(packed, padded_scales, row_sums, vocab, hidden, float(torch.cat(error_norms).max()),
+                    float(torch.cat(norms).max()))
 
 
 def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
