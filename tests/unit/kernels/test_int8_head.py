@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sluice.kernels import int8_head
-from sluice.kernels.int8_head import (ISA_AVX2, ISA_AVX512_VNNI, ISA_SCALAR, LANE_BYTES, VOCAB_BLOCK, best_isa,
+from sluice.kernels.int8_head import (ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX_VNNI, ISA_SCALAR, LANE_BYTES, VOCAB_BLOCK, best_isa,
                                       int8_head_scores, pack_int8_head, supported_isas)
 
 
@@ -92,7 +92,11 @@ def test_x86_builds_run_the_vector_paths_this_cpu_has():
     assert (ISA_AVX2, 8) not in supported_isas()  # vpmaddubsw would saturate
     vnni = {"avx512f", "avx512bw", "avx512_vnni"} <= flags
     assert ((ISA_AVX512_VNNI, 7) in supported_isas()) == ((ISA_AVX512_VNNI, 8) in supported_isas()) == vnni
-    assert best_isa() == ((ISA_AVX512_VNNI, 8) if vnni else (ISA_AVX2, 7) if "avx2" in flags else (ISA_SCALAR, 8))
+    avx_vnni = {"avx2", "avx_vnni"} <= flags
+    assert ((ISA_AVX_VNNI, 7) in supported_isas()) == ((ISA_AVX_VNNI, 8) in supported_isas()) == avx_vnni
+    expected = ((ISA_AVX512_VNNI, 8) if vnni else (ISA_AVX_VNNI, 8) if avx_vnni
+                else (ISA_AVX2, 7) if {"avx2", "fma"} <= flags else (ISA_SCALAR, 8))
+    assert best_isa() == expected
 
 
 def test_large_activations_and_weights_stay_within_the_margin():

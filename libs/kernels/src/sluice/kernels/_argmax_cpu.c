@@ -203,10 +203,10 @@ static PyObject *screened_argmax_f32(PyObject *self, PyObject *args) {
 
 /*
  * The int8 screen's scores (sluice.model.greedy_head, for CPUs without
- * bf16 matrix instructions: AVX2 on Zen 2/3 and older Xeons, AVX-512 VNNI
- * on Cascade Lake). An int8 multiply-add does two to four times the work
- * of a float32 FMA per instruction, and the LM head is most of a small
- * model's decode step.
+ * bf16 matrix instructions: AVX2 on Zen 2/3 and older Xeons, AVX-VNNI on
+ * Alder Lake and later client cores, AVX-512 VNNI on Cascade Lake). An
+ * int8 multiply-add does two to four times the work of a float32 FMA per
+ * instruction, and the LM head is most of a small model's decode step.
  *
  * The weights are quantized once per vocab row v (w_v = s_v q_v, q_v in
  * [-127, 127]) and packed by the caller in blocks of 16 rows:
@@ -219,7 +219,7 @@ static PyObject *screened_argmax_f32(PyObject *self, PyObject *args) {
  * AVX2 takes 7 bits: vpmaddubsw adds two u8 * s8 products in int16 and
  * saturates, and 2 * 127 * 127 < 32768 (an 8th bit by moving a's sign
  * onto q with vpsignb measured 1.5x slower, for half the activation term
- * below). VNNI has no int16 step and takes 8.
+ * below). VNNI (AVX-512 or AVX-VNNI) has no int16 step and takes 8.
  *
  * The integer sums are exact, so at one bit width every path (VNNI, AVX2,
  * scalar) gives the same scores. score_v = sum_v s_v s_h, and with
@@ -232,7 +232,8 @@ static PyObject *screened_argmax_f32(PyObject *self, PyObject *args) {
  */
 #define INT8_BLOCK 16
 
-enum { INT8_ISA_AUTO = 0, INT8_ISA_SCALAR = 1, INT8_ISA_AVX2 = 2, INT8_ISA_AVX512_VNNI = 3 };
+/* Numbered slowest first (the caller takes the largest this CPU runs). */
+enum { INT8_ISA_SCALAR = 1, INT8_ISA_AVX2 = 2, INT8_ISA_AVX_VNNI = 3, INT8_ISA_AVX512_VNNI = 4 };
 
 /* The row's biased activations (padded_hidden bytes, the bias itself past
  * hidden_size, so padding adds bias * 0), its scale and margin. */
@@ -347,6 +348,43 @@ __attribute__((target("avx2,fma"))) static void int8_block_avx2(const uint8_t *a
 #undef SLUICE_INT8_AVX2_ROW
 }
 
+/* AVX-VNNI (Alder Lake and later client cores, no AVX-512): vpdpbusd on
+ * ymm, so the AVX2 path's tiling without its int16 step. */
+__attribute__((target("avx2,avxvnni"))) static void int8_block_avx_vnni(const uint8_t *activations,
+                                                                         int64_t padded_hidden, const int8_t *block,
+                                                                         int64_t rows, int32_t *sums) {
+    const int64_t steps = padded_hidden / 4;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        __m256i s[8];
+        for (int i = 0; i < 8; ++i) s[i] = _mm256_setzero_si256();
+        for (int64_t k4 = 0; k4 < steps; ++k4) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(block + k4 * 64));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(block + k4 * 64 + 32));
+            for (int i = 0; i < 4; ++i) {
+                int32_t q;
+                memcpy(&q, activations + (r + i) * padded_hidden + k4 * 4, 4);
+                const __m256i b = _mm256_set1_epi32(q);
+                s[2 * i] = _mm256_dpbusd_avx_epi32(s[2 * i], b, w0);
+                s[2 * i + 1] = _mm256_dpbusd_avx_epi32(s[2 * i + 1], b, w1);
+            }
+        }
+        for (int i = 0; i < 8; ++i) _mm256_storeu_si256((__m256i *)(sums + r * INT8_BLOCK + 8 * i), s[i]);
+    }
+    for (; r < rows; ++r) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+        for (int64_t k4 = 0; k4 < steps; ++k4) {
+            int32_t q;
+            memcpy(&q, activations + r * padded_hidden + k4 * 4, 4);
+            const __m256i b = _mm256_set1_epi32(q);
+            s0 = _mm256_dpbusd_avx_epi32(s0, b, _mm256_loadu_si256((const __m256i *)(block + k4 * 64)));
+            s1 = _mm256_dpbusd_avx_epi32(s1, b, _mm256_loadu_si256((const __m256i *)(block + k4 * 64 + 32)));
+        }
+        _mm256_storeu_si256((__m256i *)(sums + r * INT8_BLOCK), s0);
+        _mm256_storeu_si256((__m256i *)(sums + r * INT8_BLOCK + 8), s1);
+    }
+}
+
 /* AVX-512 VNNI: one zmm holds the 16 vocab rows; vpdpbusd sums each lane's
  * four products into int32 in one instruction. 8 hidden rows per pass. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void int8_block_vnni(const uint8_t *activations,
@@ -389,6 +427,7 @@ static int int8_isa_supported(int isa, int bits) {
     case INT8_ISA_SCALAR: return 1;
 #ifdef SLUICE_INT8_X86
     case INT8_ISA_AVX2: return bits == 7 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case INT8_ISA_AVX_VNNI: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
     case INT8_ISA_AVX512_VNNI:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vnni");
@@ -400,6 +439,7 @@ static int int8_isa_supported(int isa, int bits) {
 static int8_block_fn int8_block_for(int isa) {
 #ifdef SLUICE_INT8_X86
     if (isa == INT8_ISA_AVX512_VNNI) return int8_block_vnni;
+    if (isa == INT8_ISA_AVX_VNNI) return int8_block_avx_vnni;
     if (isa == INT8_ISA_AVX2) return int8_block_avx2;
 #endif
     (void)isa;

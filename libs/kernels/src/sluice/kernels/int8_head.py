@@ -3,7 +3,8 @@ logits, from int8 weights and 7- or 8-bit activations (``_argmax_cpu.c``
 derives the margin and says why AVX2 takes 7 bits).
 
 For CPUs whose torch has no fast bf16 matmul (AVX2 on Zen 2/3 and older
-Xeons, AVX-512 VNNI without bf16 on Cascade Lake): there the full float32
+Xeons, AVX-VNNI on Alder Lake and later client cores, AVX-512 VNNI without
+bf16 on Cascade Lake): there the full float32
 head is most of a small model's decode step, and an int8 multiply-add does
 two to four times the work of a float32 FMA per instruction. The scores
 feed ``sluice.kernels.argmax.screened_argmax``, which recomputes the few
@@ -32,8 +33,8 @@ WEIGHT_MAX = 127
 PACK_CHUNK_ROWS = 4096
 
 # Instruction sets of the kernel, as the C code numbers them, fastest last.
-ISA_SCALAR, ISA_AVX2, ISA_AVX512_VNNI = 1, 2, 3
-ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX512_VNNI: "avx512-vnni"}
+ISA_SCALAR, ISA_AVX2, ISA_AVX_VNNI, ISA_AVX512_VNNI = 1, 2, 3, 4
+ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX_VNNI: "avx-vnni", ISA_AVX512_VNNI: "avx512-vnni"}
 
 
 def int8_head_available() -> bool:
@@ -42,7 +43,7 @@ def int8_head_available() -> bool:
 
 def supported_isas() -> list[tuple[int, int]]:
     """(instruction set, activation bits) pairs this CPU runs: scalar at
-    both widths always (where built), AVX2 at 7 bits, VNNI at both."""
+    both widths always (where built), AVX2 at 7 bits, either VNNI at both."""
     return [tuple(pair) for pair in _native.int8_head_isas()] if int8_head_available() else []
 
 
