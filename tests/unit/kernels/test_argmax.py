@@ -103,5 +103,7 @@ def test_screened_argmax_checks_its_inputs():
     scores, margins, hidden, weight = _screen_inputs(2, 10, 4, seed=4)
     with pytest.raises(ValueError):
         argmax_module.screened_argmax(scores.double(), margins, hidden, weight, 4)
+    with pytest.raises(ValueError, match="block_max"):
+        argmax_module.screened_argmax(scores, margins, hidden, weight, 4, torch.zeros(2, 3))
     with pytest.raises(ValueError):
         argmax_module.screened_argmax(scores, margins, hidden, weight[:9], 4)

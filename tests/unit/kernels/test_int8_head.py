@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sluice.kernels import int8_head
+from sluice.kernels.argmax import screen_blocks, screened_argmax
 from sluice.kernels.int8_head import (ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX_VNNI, ISA_SCALAR, LANE_BYTES, VOCAB_BLOCK, best_isa,
                                       int8_head_scores, pack_int8_head, supported_isas)
 
@@ -99,6 +100,25 @@ def test_x86_builds_run_the_vector_paths_this_cpu_has():
     assert best_isa() == expected
 
 
+@pytest.mark.parametrize("isa", [pytest.param(isa, id=f"{isa[0]}-{isa[1]}bit") for isa in supported_isas()])
+def test_each_screen_blocks_maximum_comes_with_the_scores_padding_excluded(isa):
+    # Every logit negative: the padding rows' zero scores would win any maximum that counted them.
+    weight = -_weight(1000, 24, seed=12).abs() - 0.01  # vocab 1000: the last screen block is partial
+    head = pack_int8_head(weight)
+    hidden = _normed(5, 24, seed=13).abs()
+    out = torch.full((5, head.padded_vocab), float("nan"))
+    block_max = torch.full((5, screen_blocks(1000)), float("nan"))
+    int8_head_scores(hidden, head, out, isa=isa, block_max=block_max)
+    scores = out[:, :1000]
+    assert (scores < 0).all()
+    expected = torch.stack([scores[:, start:start + 256].amax(dim=1) for start in range(0, 1000, 256)], dim=1)
+    assert torch.equal(block_max, expected)
+    margins = int8_head_scores(hidden, head, out, isa=isa)
+    given = screened_argmax(scores, margins, hidden, weight, 256, block_max)
+    assert torch.equal(given, screened_argmax(scores, margins, hidden, weight, 256))
+    assert given.tolist() == (hidden.double() @ weight.double().t()).argmax(dim=1).tolist()
+
+
 def test_large_activations_and_weights_stay_within_the_margin():
     # Outliers set each row's scale: the rest of the row quantizes coarsely, and the margin must say so.
     weight = _weight(500, 64, seed=3)
@@ -148,5 +168,7 @@ def test_bad_input_is_refused_clearly():
         int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.vocab))  # narrower than the padding
     with pytest.raises(ValueError, match="instruction set 9"):
         int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), isa=(9, 8))
+    with pytest.raises(ValueError, match="block_max"):
+        int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), block_max=torch.empty(2, 2))
     with pytest.raises(ValueError, match="6-bit"):
         int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), isa=(ISA_SCALAR, 6))

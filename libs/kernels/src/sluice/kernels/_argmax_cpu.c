@@ -122,17 +122,22 @@ static inline float score_at(const void *scores, int is_bf16, int64_t v) {
     return is_bf16 ? bf16_to_f32(((const uint16_t *)scores)[v]) : ((const float *)scores)[v];
 }
 
+/* block_max: the row's block maxima, or NULL to take them here into `scratch`. */
 static int64_t screened_row(const void *scores, int is_bf16, int64_t vocab, float margin, const float *hidden,
                             const float *weight, int64_t hidden_size, int64_t max_candidates,
-                            float *block_max) {
+                            const float *block_max, float *scratch) {
     int64_t num_blocks = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
     float best_score = -INFINITY;
-    for (int64_t b = 0; b < num_blocks; ++b) {
-        int64_t start = b * SCREEN_BLOCK, len = vocab - start < SCREEN_BLOCK ? vocab - start : SCREEN_BLOCK;
-        block_max[b] = is_bf16 ? max_bf16((const uint16_t *)scores + start, len)
-                               : max_f32((const float *)scores + start, len);
-        if (block_max[b] > best_score) best_score = block_max[b];
+    if (block_max == NULL) {
+        for (int64_t b = 0; b < num_blocks; ++b) {
+            int64_t start = b * SCREEN_BLOCK, len = vocab - start < SCREEN_BLOCK ? vocab - start : SCREEN_BLOCK;
+            scratch[b] = is_bf16 ? max_bf16((const uint16_t *)scores + start, len)
+                                 : max_f32((const float *)scores + start, len);
+        }
+        block_max = scratch;
     }
+    for (int64_t b = 0; b < num_blocks; ++b)
+        if (block_max[b] > best_score) best_score = block_max[b];
     if (!isfinite(best_score) || !isfinite(margin)) return -1;
     float floor = best_score - 2.0f * margin;
     int64_t count = 0, best = -1;
@@ -153,32 +158,34 @@ static int64_t screened_row(const void *scores, int is_bf16, int64_t vocab, floa
     return best;
 }
 
-/* Every row's screened argmax; scores rows `score_stride` elements apart. */
+/* Every row's screened argmax; scores rows `score_stride` elements apart;
+ * block_max: [rows][blocks] maxima the caller already has, or NULL. */
 static PyObject *screen_rows(const void *scores, int is_bf16, int64_t score_stride, const float *margins,
                              const float *hidden, const float *weight, int64_t *idx, int64_t rows, int64_t vocab,
-                             int64_t hidden_size, int64_t max_candidates, int num_threads) {
+                             int64_t hidden_size, int64_t max_candidates, const float *block_max, int num_threads) {
     int64_t blocks_per_row = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
-    float *block_max = PyMem_RawMalloc(sizeof(float) * (size_t)blocks_per_row *
-                                       (size_t)(num_threads > 0 ? num_threads : 1));
-    if (block_max == NULL) return PyErr_NoMemory();
+    float *scratch = PyMem_RawMalloc(sizeof(float) * (size_t)blocks_per_row *
+                                     (size_t)(num_threads > 0 ? num_threads : 1));
+    if (scratch == NULL) return PyErr_NoMemory();
     const size_t score_bytes = is_bf16 ? sizeof(uint16_t) : sizeof(float);
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for num_threads(num_threads > 0 ? num_threads : 1) if (rows > 1) schedule(static)
     for (long long r = 0; r < rows; ++r)
         idx[r] = screened_row((const char *)scores + (size_t)r * (size_t)score_stride * score_bytes, is_bf16, vocab,
                               margins[r], hidden + r * hidden_size, weight, hidden_size, max_candidates,
-                              block_max + omp_get_thread_num() * blocks_per_row);
+                              block_max != NULL ? block_max + r * blocks_per_row : NULL,
+                              scratch + omp_get_thread_num() * blocks_per_row);
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(block_max);
+    PyMem_RawFree(scratch);
     Py_RETURN_NONE;
 }
 
 static PyObject *screened_argmax(PyObject *args, int is_bf16) {
-    unsigned long long scores_p, margins_p, hidden_p, weight_p, out_p;
+    unsigned long long scores_p, margins_p, hidden_p, weight_p, out_p, block_max_p;
     long long rows, vocab, score_stride, hidden_size, max_candidates;
     int num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKLLLLLi", &scores_p, &margins_p, &hidden_p, &weight_p, &out_p, &rows,
-                          &vocab, &score_stride, &hidden_size, &max_candidates, &num_threads))
+    if (!PyArg_ParseTuple(args, "KKKKKLLLLLKi", &scores_p, &margins_p, &hidden_p, &weight_p, &out_p, &rows,
+                          &vocab, &score_stride, &hidden_size, &max_candidates, &block_max_p, &num_threads))
         return NULL;
     if (rows < 0 || vocab <= 0 || score_stride < vocab || hidden_size <= 0 || max_candidates < 1) {
         PyErr_SetString(PyExc_ValueError, "bad screened argmax shape");
@@ -187,7 +194,7 @@ static PyObject *screened_argmax(PyObject *args, int is_bf16) {
     return screen_rows((const void *)(uintptr_t)scores_p, is_bf16, score_stride,
                        (const float *)(uintptr_t)margins_p, (const float *)(uintptr_t)hidden_p,
                        (const float *)(uintptr_t)weight_p, (int64_t *)(uintptr_t)out_p, rows, vocab, hidden_size,
-                       max_candidates, num_threads);
+                       max_candidates, (const float *)(uintptr_t)block_max_p, num_threads);
 }
 
 static PyObject *screened_argmax_bf16(PyObject *self, PyObject *args) {
@@ -451,16 +458,16 @@ static int8_block_fn int8_block_for(int isa) {
 
 static PyObject *int8_head_scores(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, scores_p, margins_p;
-    long long rows, hidden_size, padded_hidden, padded_vocab, score_stride;
+    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, scores_p, margins_p, block_max_p;
+    long long rows, hidden_size, padded_hidden, vocab, padded_vocab, score_stride;
     double weight_error_max, weight_norm_max;
     int isa, bits, num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLddiii", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &scores_p,
-                          &margins_p, &rows, &hidden_size, &padded_hidden, &padded_vocab, &score_stride,
-                          &weight_error_max, &weight_norm_max, &isa, &bits, &num_threads))
+    if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLddiii", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &scores_p,
+                          &margins_p, &block_max_p, &rows, &hidden_size, &padded_hidden, &vocab, &padded_vocab,
+                          &score_stride, &weight_error_max, &weight_norm_max, &isa, &bits, &num_threads))
         return NULL;
-    if (rows < 0 || hidden_size <= 0 || padded_hidden < hidden_size || padded_hidden % 4 != 0 || padded_vocab <= 0 ||
-        padded_vocab % INT8_BLOCK != 0 || score_stride < padded_vocab) {
+    if (rows < 0 || hidden_size <= 0 || padded_hidden < hidden_size || padded_hidden % 4 != 0 || vocab <= 0 ||
+        padded_vocab < vocab || padded_vocab % INT8_BLOCK != 0 || score_stride < padded_vocab) {
         PyErr_SetString(PyExc_ValueError, "bad int8 head shape");
         return NULL;
     }
@@ -480,41 +487,64 @@ static PyObject *int8_head_scores(PyObject *self, PyObject *args) {
     uint8_t *activations = PyMem_RawMalloc((size_t)(rows > 0 ? rows : 1) * (size_t)padded_hidden);
     float *row_scales = PyMem_RawMalloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1));
     int32_t *sums = PyMem_RawMalloc(sizeof(int32_t) * INT8_ROW_CHUNK * INT8_BLOCK * (size_t)threads);
-    if (activations == NULL || row_scales == NULL || sums == NULL) {
+    /* Each thread's running maxima of its screen block, per row. */
+    float *row_max = PyMem_RawMalloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * (size_t)threads);
+    if (activations == NULL || row_scales == NULL || sums == NULL || row_max == NULL) {
         PyMem_RawFree(activations);
         PyMem_RawFree(row_scales);
         PyMem_RawFree(sums);
+        PyMem_RawFree(row_max);
         return PyErr_NoMemory();
     }
     const int8_block_fn block_fn = int8_block_for(isa);
     const int64_t blocks = padded_vocab / INT8_BLOCK;
+    /* The loop runs over the screen's blocks of SCREEN_BLOCK vocab rows, so
+     * each block's maxima come out of the epilogue, on scores still in cache,
+     * and the screen need not read every score again to find them. */
+    const int64_t per_screen_block = SCREEN_BLOCK / INT8_BLOCK;
+    const int64_t screen_blocks = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
+    const int64_t outer = (blocks + per_screen_block - 1) / per_screen_block;
+    float *block_max = (float *)(uintptr_t)block_max_p;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t r = 0; r < rows; ++r)
         quantize_row(hidden + r * hidden_size, hidden_size, padded_hidden, bits, activations + r * padded_hidden,
                      row_scales + r, margins + r, weight_error_max, weight_norm_max);
-#pragma omp parallel for num_threads(threads) if (blocks > 1) schedule(static)
-    for (long long b = 0; b < blocks; ++b) {
+#pragma omp parallel for num_threads(threads) if (outer > 1) schedule(static)
+    for (long long sb = 0; sb < outer; ++sb) {
         int32_t *block_sums = sums + (size_t)omp_get_thread_num() * INT8_ROW_CHUNK * INT8_BLOCK;
-        const int8_t *block = packed + b * INT8_BLOCK * padded_hidden;
-        const int64_t v0 = b * INT8_BLOCK;
-        int32_t shift[INT8_BLOCK];
-        for (int j = 0; j < INT8_BLOCK; ++j) shift[j] = bias * row_sums[v0 + j];
-        for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROW_CHUNK) {
-            const int64_t n = rows - r0 < INT8_ROW_CHUNK ? rows - r0 : INT8_ROW_CHUNK;
-            block_fn(activations + r0 * padded_hidden, padded_hidden, block, n, block_sums);
-            for (int64_t r = 0; r < n; ++r) {
-                float *out = scores + (r0 + r) * score_stride + v0;
-                const int32_t *s = block_sums + r * INT8_BLOCK;
-                const float row_scale = row_scales[r0 + r];
-                for (int j = 0; j < INT8_BLOCK; ++j)
-                    out[j] = (float)(s[j] - shift[j]) * weight_scales[v0 + j] * row_scale;
+        float *maxima = row_max + (size_t)omp_get_thread_num() * (size_t)rows;
+        for (int64_t r = 0; r < rows; ++r) maxima[r] = -INFINITY;
+        const int64_t b_end = (sb + 1) * per_screen_block < blocks ? (sb + 1) * per_screen_block : blocks;
+        for (int64_t b = sb * per_screen_block; b < b_end; ++b) {
+            const int8_t *block = packed + b * INT8_BLOCK * padded_hidden;
+            const int64_t v0 = b * INT8_BLOCK;
+            const int valid = vocab - v0 >= INT8_BLOCK ? INT8_BLOCK : (int)(vocab - v0 > 0 ? vocab - v0 : 0);
+            int32_t shift[INT8_BLOCK];
+            for (int j = 0; j < INT8_BLOCK; ++j) shift[j] = bias * row_sums[v0 + j];
+            for (int64_t r0 = 0; r0 < rows; r0 += INT8_ROW_CHUNK) {
+                const int64_t n = rows - r0 < INT8_ROW_CHUNK ? rows - r0 : INT8_ROW_CHUNK;
+                block_fn(activations + r0 * padded_hidden, padded_hidden, block, n, block_sums);
+                for (int64_t r = 0; r < n; ++r) {
+                    float *out = scores + (r0 + r) * score_stride + v0;
+                    const int32_t *s = block_sums + r * INT8_BLOCK;
+                    const float row_scale = row_scales[r0 + r];
+                    float m = maxima[r0 + r];
+                    for (int j = 0; j < INT8_BLOCK; ++j) {
+                        out[j] = (float)(s[j] - shift[j]) * weight_scales[v0 + j] * row_scale;
+                        m = j < valid && out[j] > m ? out[j] : m; /* padding rows are not tokens */
+                    }
+                    maxima[r0 + r] = m;
+                }
             }
         }
+        if (block_max != NULL && sb < screen_blocks)
+            for (int64_t r = 0; r < rows; ++r) block_max[r * screen_blocks + sb] = maxima[r];
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(activations);
     PyMem_RawFree(row_scales);
     PyMem_RawFree(sums);
+    PyMem_RawFree(row_max);
     Py_RETURN_NONE;
 }
 
@@ -557,4 +587,11 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
-PyMODINIT_FUNC PyInit__argmax_cpu(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__argmax_cpu(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "SCREEN_BLOCK", SCREEN_BLOCK) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

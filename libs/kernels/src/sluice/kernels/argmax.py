@@ -32,15 +32,22 @@ def screened_argmax_available() -> bool:
     return _native is not None and hasattr(_native, "screened_argmax_bf16")
 
 
+def screen_blocks(vocab: int) -> int:
+    """How many blocks the screen scans a row of `vocab` scores in (see block_max)."""
+    return -(-vocab // _native.SCREEN_BLOCK)
+
+
 def screened_argmax(scores: torch.Tensor, margins: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
-                    max_candidates: int) -> torch.Tensor:
+                    max_candidates: int, block_max: torch.Tensor | None = None) -> torch.Tensor:
     """The exact argmax of ``hidden @ weight.T`` per row, from a screen.
 
     scores: bf16 or float32 [N, V] (rows may be strided, as a view of a
     wider buffer), each within ``margins`` [N] (float32) of its exact
     logit; hidden: float32 [N, H]; weight: float32 [V, H]. Returns int64 [N]:
     the token, or -1 where a row had more than ``max_candidates`` candidates
-    or non-finite inputs (compute that row's full logits instead)."""
+    or non-finite inputs (compute that row's full logits instead).
+    ``block_max``: float32 [N, screen_blocks(V)], each block's largest score
+    where the caller already has them (the int8 screen does), else found here."""
     if not screened_argmax_available():
         raise RuntimeError("the native screened argmax is not built in this install")
     rows, vocab = scores.shape
@@ -51,9 +58,14 @@ def screened_argmax(scores: torch.Tensor, margins: torch.Tensor, hidden: torch.T
                          f"{tuple(margins.shape)}, hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}")
     if scores.stride(1) != 1 or (rows > 1 and scores.stride(0) < vocab):
         scores = scores.contiguous()
+    if block_max is not None and (block_max.dtype != torch.float32 or not block_max.is_contiguous()
+                                  or block_max.shape != (rows, screen_blocks(vocab))):
+        raise ValueError(f"screened_argmax: block_max {tuple(block_max.shape)} {block_max.dtype}, expected "
+                         f"contiguous float32 {(rows, screen_blocks(vocab))}")
     margins, hidden, weight = (t.contiguous() for t in (margins, hidden, weight))
     out = torch.empty(rows, dtype=torch.int64)
     screen = _native.screened_argmax_bf16 if scores.dtype == torch.bfloat16 else _native.screened_argmax_f32
     screen(scores.data_ptr(), margins.data_ptr(), hidden.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, vocab,
-           max(scores.stride(0), vocab), hidden.shape[1], max_candidates, torch.get_num_threads())
+           max(scores.stride(0), vocab), hidden.shape[1], max_candidates,
+           block_max.data_ptr() if block_max is not None else 0, torch.get_num_threads())
     return out

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch  # first: the kernel then shares the OpenMP runtime torch loaded
 
+from sluice.kernels.argmax import screen_blocks
+
 try:
     from sluice.kernels import _argmax_cpu as _native
 except ImportError:  # built without a C compiler
@@ -111,13 +113,15 @@ def pack_int8_head(weight: torch.Tensor) -> Int8Head:
 
 
 def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
-                     isa: tuple[int, int] | None = None) -> torch.Tensor:
+                     isa: tuple[int, int] | None = None, block_max: torch.Tensor | None = None) -> torch.Tensor:
     """Scores of ``hidden`` (float32 [N, H]) into ``out`` (float32, rows at
     least ``head.padded_vocab`` wide, contiguous in each row); returns the
     rows' margins, float32 [N]: each score of ``out[:, :head.vocab]`` is
     within its row's margin of the exact logit. A row with a NaN or inf gets
     a NaN margin (the screen then leaves it to the full logits). ``isa``:
-    (instruction set, activation bits), this CPU's `best_isa` by default."""
+    (instruction set, activation bits), this CPU's `best_isa` by default.
+    ``block_max`` (float32 [N, screen_blocks(vocab)], optional) receives
+    each screen block's largest score, for screened_argmax."""
     if not int8_head_available():
         raise RuntimeError("the native int8 head is not built in this install")
     rows = hidden.shape[0]
@@ -126,11 +130,17 @@ def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
             or out.shape[1] < head.padded_vocab or out.stride(1) != 1):
         raise ValueError(f"int8_head_scores: hidden {tuple(hidden.shape)} {hidden.dtype}, out "
                          f"{tuple(out.shape)} {out.dtype}, head {head.vocab}x{head.hidden}")
+    if block_max is not None and (block_max.dtype != torch.float32 or not block_max.is_contiguous()
+                                  or block_max.shape != (rows, screen_blocks(head.vocab))):
+        raise ValueError(f"int8_head_scores: block_max {tuple(block_max.shape)} {block_max.dtype}, expected "
+                         f"contiguous float32 {(rows, screen_blocks(head.vocab))}")
     instruction_set, bits = isa if isa is not None else best_isa()
     hidden = hidden.contiguous()
     margins = torch.empty(rows, dtype=torch.float32)
     _native.int8_head_scores(hidden.data_ptr(), head.packed.data_ptr(), head.scales.data_ptr(),
-                             head.row_sums.data_ptr(), out.data_ptr(), margins.data_ptr(), rows, head.hidden,
-                             head.padded_hidden, head.padded_vocab, out.stride(0) if rows > 1 else head.padded_vocab,
+                             head.row_sums.data_ptr(), out.data_ptr(), margins.data_ptr(),
+                             block_max.data_ptr() if block_max is not None else 0, rows, head.hidden,
+                             head.padded_hidden, head.vocab, head.padded_vocab,
+                             out.stride(0) if rows > 1 else head.padded_vocab,
                              head.error_norm_max, head.norm_max, instruction_set, bits, torch.get_num_threads())
     return margins
