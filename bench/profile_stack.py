@@ -21,7 +21,8 @@ ignore_eos, 128 requests) from this process, and prints per process:
 - a ceiling: the model's linear layers alone (each timed on one thread at
   this load's batch, 64 rows for decode and 512 for prefill, the faster of
   torch's F.linear and oneDNN's packed weight, as the replica chooses; for
-  a greedy step's LM head also its bf16 screen, whose tokens are exact)
+  a greedy step's LM head also its bf16 and int8 screens, whose tokens
+  are exact)
   give the least CPU the replica can spend per 1,000 output tokens while
   its arithmetic stays float32 (the logits must match transformers'). With
   the other processes' measured CPU beside it, the cores can serve at most
