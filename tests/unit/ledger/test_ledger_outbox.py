@@ -7,6 +7,10 @@ outages of real databases are in tests/integration/ledger.
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -80,6 +84,98 @@ def test_outbox_survives_reopening_the_file(tmp_path):
         outbox.append(make_usage("r2"))
     with Outbox(path) as reopened:
         assert reopened.pending_count() == 2
+
+
+class CountingOutbox(Outbox):
+    """Counts commits; the first one waits until `release` is set (so later appends gather behind it),
+    and the group holding `poison` fails."""
+
+    def __init__(self, path: Path, *, poison: str | None = None, **kwargs) -> None:
+        super().__init__(path, **kwargs)
+        self.groups: list[list[str]] = []
+        self.release = threading.Event()
+        self.poison = poison
+
+    def _commit(self, rows):
+        ids = [json.loads(payload)["request_id"] for _, payload in rows]
+        self.groups.append(ids)
+        if len(self.groups) == 1:
+            assert self.release.wait(10)
+        if self.poison in ids:
+            return sqlite3.OperationalError("disk I/O error")
+        return super()._commit(rows)
+
+
+def _on_disk(path: Path) -> set[str]:
+    """What another reader of the file sees: committed rows only."""
+    connection = sqlite3.connect(path)
+    try:
+        return {json.loads(p)["request_id"] for (p,) in connection.execute("SELECT payload FROM outbox")}
+    finally:
+        connection.close()
+
+
+def _append_all(outbox: Outbox, ids: list[str], path: Path) -> dict[str, object]:
+    """Append each id from its own thread; per id, what append did: "ok" (and it was on disk by
+    then) or the exception it raised."""
+    results: dict[str, object] = {}
+
+    def one(request_id: str) -> None:
+        try:
+            outbox.append(make_usage(request_id))
+            results[request_id] = "ok" if request_id in _on_disk(path) else "returned before its commit"
+        except Exception as error:  # noqa: BLE001 - the test reads it
+            results[request_id] = error
+
+    threads = [threading.Thread(target=one, args=(request_id,)) for request_id in ids]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    while not getattr(outbox, "groups", True) and time.monotonic() < deadline:
+        time.sleep(0.001)  # the first append is committing (and held there)
+    for thread in threads[1:]:
+        thread.start()
+    time.sleep(0.05)  # the rest have joined the next group
+    if hasattr(outbox, "release"):
+        outbox.release.set()
+    for thread in threads:
+        thread.join(10)
+    return results
+
+
+def test_appends_that_arrive_during_a_commit_share_the_next_one(tmp_path):
+    path = tmp_path / "outbox.db"
+    with CountingOutbox(path) as outbox:
+        ids = [f"r{i}" for i in range(20)]
+        results = _append_all(outbox, ids, path)
+        assert results == {request_id: "ok" for request_id in ids}
+        assert outbox.groups[0] == ["r0"] and sorted(outbox.groups[1]) == sorted(ids[1:])  # two fsyncs, not 20
+        assert outbox.pending_count() == 20 and _on_disk(path) == set(ids)
+
+
+def test_a_failed_commit_fails_every_append_of_its_group_and_no_other(tmp_path):
+    path = tmp_path / "outbox.db"
+    with CountingOutbox(path, poison="r7") as outbox:
+        ids = [f"r{i}" for i in range(12)]
+        results = _append_all(outbox, ids, path)
+        assert results["r0"] == "ok"
+        failed = {request_id for request_id, result in results.items() if result != "ok"}
+        assert failed == set(ids[1:])  # the whole second group, and nothing it held reached the file
+        assert all(isinstance(results[request_id], sqlite3.OperationalError) for request_id in failed)
+        assert len({id(results[request_id]) for request_id in failed}) == len(failed)  # each its own copy
+        assert _on_disk(path) == {"r0"}
+        outbox.append(make_usage("after"))  # the outbox goes on working
+        assert _on_disk(path) == {"r0", "after"}
+
+
+def test_a_group_is_bounded(tmp_path):
+    path = tmp_path / "outbox.db"
+    with CountingOutbox(path, max_group_records=4) as outbox:
+        ids = [f"r{i}" for i in range(11)]
+        results = _append_all(outbox, ids, path)
+        assert results == {request_id: "ok" for request_id in ids}
+        assert [len(group) for group in outbox.groups] == [1, 4, 4, 2]
+    with pytest.raises(ValueError, match="max_group_records"):
+        Outbox(tmp_path / "other.db", max_group_records=0)
 
 
 def test_outbox_file_is_wal_with_full_sync(tmp_path):
