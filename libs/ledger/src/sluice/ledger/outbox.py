@@ -21,6 +21,7 @@ persists across restarts, and a restarted process drains what it left.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -28,7 +29,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -164,18 +165,25 @@ class Outbox:
     def _commit(self, rows: list[tuple[str, str]]) -> BaseException | None:
         """One transaction for a group's rows; the error that failed it, if any."""
         try:
-            with self._lock:
-                self._connection.execute("BEGIN IMMEDIATE")
-                try:
-                    self._connection.executemany("INSERT INTO outbox (kind, payload) VALUES (?, ?)", rows)
-                    self._connection.execute("COMMIT")
-                except BaseException:
-                    if self._connection.in_transaction:  # a failed COMMIT can leave it open
-                        self._connection.execute("ROLLBACK")
-                    raise
+            with self._transaction():
+                self._connection.executemany("INSERT INTO outbox (kind, payload) VALUES (?, ?)", rows)
         except Exception as error:  # noqa: BLE001 - handed to every append of the group
             return error
         return None
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """The connection, in one write transaction: committed when the block
+        ends, rolled back if it (or the COMMIT itself) fails."""
+        with self._lock:
+            self._connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+                self._connection.execute("COMMIT")
+            except BaseException:
+                if self._connection.in_transaction:  # a failed COMMIT can leave it open
+                    self._connection.execute("ROLLBACK")
+                raise
 
     def pending(self, limit: int) -> list[PendingEntry]:
         """The oldest `limit` queued entries, in append order."""
@@ -188,30 +196,16 @@ class Outbox:
         """Forget entries; only after the ledger has committed them."""
         if not entry_ids:
             return
-        with self._lock:
-            self._connection.execute("BEGIN IMMEDIATE")
-            try:
-                self._connection.executemany(
-                    "DELETE FROM outbox WHERE id = ?", [(entry_id,) for entry_id in entry_ids])
-            except BaseException:
-                self._connection.execute("ROLLBACK")
-                raise
-            self._connection.execute("COMMIT")
+        with self._transaction():
+            self._connection.executemany("DELETE FROM outbox WHERE id = ?", [(entry_id,) for entry_id in entry_ids])
 
     def move_to_dead_letters(self, entry: PendingEntry, error: str) -> None:
         """Park an entry that can never be written (undecodable), so it does
         not block the queue; kept for a human, never dropped."""
-        with self._lock:
-            self._connection.execute("BEGIN IMMEDIATE")
-            try:
-                self._connection.execute(
-                    "INSERT INTO dead_letters (kind, payload, error) VALUES (?, ?, ?)",
-                    (entry.kind, entry.payload, error))
-                self._connection.execute("DELETE FROM outbox WHERE id = ?", (entry.id,))
-            except BaseException:
-                self._connection.execute("ROLLBACK")
-                raise
-            self._connection.execute("COMMIT")
+        with self._transaction():
+            self._connection.execute("INSERT INTO dead_letters (kind, payload, error) VALUES (?, ?, ?)",
+                                     (entry.kind, entry.payload, error))
+            self._connection.execute("DELETE FROM outbox WHERE id = ?", (entry.id,))
 
     def pending_count(self) -> int:
         with self._lock:
