@@ -37,6 +37,14 @@ def screen_blocks(vocab: int) -> int:
     return -(-vocab // _native.SCREEN_BLOCK)
 
 
+def check_block_max(block_max: torch.Tensor | None, rows: int, vocab: int, caller: str) -> None:
+    """A block_max buffer must be contiguous float32 [rows, screen_blocks(vocab)] (or absent)."""
+    if block_max is not None and (block_max.dtype != torch.float32 or not block_max.is_contiguous()
+                                  or block_max.shape != (rows, screen_blocks(vocab))):
+        raise ValueError(f"{caller}: block_max {tuple(block_max.shape)} {block_max.dtype}, expected "
+                         f"contiguous float32 {(rows, screen_blocks(vocab))}")
+
+
 def screened_argmax(scores: torch.Tensor, margins: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
                     max_candidates: int, block_max: torch.Tensor | None = None) -> torch.Tensor:
     """The exact argmax of ``hidden @ weight.T`` per row, from a screen.
@@ -58,10 +66,7 @@ def screened_argmax(scores: torch.Tensor, margins: torch.Tensor, hidden: torch.T
                          f"{tuple(margins.shape)}, hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)}")
     if scores.stride(1) != 1 or (rows > 1 and scores.stride(0) < vocab):
         scores = scores.contiguous()
-    if block_max is not None and (block_max.dtype != torch.float32 or not block_max.is_contiguous()
-                                  or block_max.shape != (rows, screen_blocks(vocab))):
-        raise ValueError(f"screened_argmax: block_max {tuple(block_max.shape)} {block_max.dtype}, expected "
-                         f"contiguous float32 {(rows, screen_blocks(vocab))}")
+    check_block_max(block_max, rows, vocab, "screened_argmax")
     margins, hidden, weight = (t.contiguous() for t in (margins, hidden, weight))
     out = torch.empty(rows, dtype=torch.int64)
     screen = _native.screened_argmax_bf16 if scores.dtype == torch.bfloat16 else _native.screened_argmax_f32

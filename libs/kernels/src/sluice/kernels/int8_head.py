@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch  # first: the kernel then shares the OpenMP runtime torch loaded
 
-from sluice.kernels.argmax import screen_blocks
+from sluice.kernels.argmax import check_block_max
 
 try:
     from sluice.kernels import _argmax_cpu as _native
@@ -130,10 +130,7 @@ def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
             or out.shape[1] < head.padded_vocab or out.stride(1) != 1):
         raise ValueError(f"int8_head_scores: hidden {tuple(hidden.shape)} {hidden.dtype}, out "
                          f"{tuple(out.shape)} {out.dtype}, head {head.vocab}x{head.hidden}")
-    if block_max is not None and (block_max.dtype != torch.float32 or not block_max.is_contiguous()
-                                  or block_max.shape != (rows, screen_blocks(head.vocab))):
-        raise ValueError(f"int8_head_scores: block_max {tuple(block_max.shape)} {block_max.dtype}, expected "
-                         f"contiguous float32 {(rows, screen_blocks(head.vocab))}")
+    check_block_max(block_max, rows, head.vocab, "int8_head_scores")
     instruction_set, bits = isa if isa is not None else best_isa()
     hidden = hidden.contiguous()
     margins = torch.empty(rows, dtype=torch.float32)
