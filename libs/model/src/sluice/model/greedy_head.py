@@ -118,7 +118,8 @@ class ScreenedHead(PackedLinear):
             self._screen = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), None)
         elif usable:
             self._int8 = pack_int8_head(weight)
-        self._max_row_norm = float(weight.norm(dim=1).max()) if usable else float("nan")
+        # The bf16 screen's bound (the int8 kernel derives its own margin).
+        self._max_row_norm = float(weight.norm(dim=1).max()) if self._screen is not None else float("nan")
         self._bound = screen_bound_factor(self.in_features) * (1.0 + NORM_SLACK)
 
     @property
