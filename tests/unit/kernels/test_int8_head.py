@@ -1,7 +1,8 @@
 """The int8 screen of the LM head (sluice.kernels.int8_head): the packed
 layout the kernels read, the same scores on every instruction set this CPU
 runs, each score within its row's margin of the exact logit, a margin small
-enough to screen with, and clear refusals of bad input."""
+enough to screen with, the one-pass screened argmax giving what the scores
+and screened_argmax give, and clear refusals of bad input."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from sluice.kernels import int8_head
 from sluice.kernels.argmax import screen_blocks, screened_argmax
 from sluice.kernels.int8_head import (ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX_VNNI, ISA_SCALAR, LANE_BYTES, VOCAB_BLOCK, best_isa,
-                                      int8_head_scores, pack_int8_head, supported_isas)
+                                      int8_head_scores, int8_screened_argmax, pack_int8_head, supported_isas)
 
 
 def _weight(vocab: int, hidden: int, seed: int, std: float = 0.02) -> torch.Tensor:
@@ -172,3 +173,59 @@ def test_bad_input_is_refused_clearly():
         int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), block_max=torch.empty(2, 2))
     with pytest.raises(ValueError, match="6-bit"):
         int8_head_scores(torch.zeros(2, 16), head, torch.empty(2, head.padded_vocab), isa=(ISA_SCALAR, 6))
+    with pytest.raises(ValueError, match="int8_screened_argmax"):
+        int8_screened_argmax(torch.zeros(2, 16), head, torch.zeros(41, 16), 8)  # not the packed weight's shape
+    with pytest.raises(ValueError, match="max_candidates"):
+        int8_screened_argmax(torch.zeros(2, 16), head, _weight(40, 16, seed=9), 0)
+
+
+def _two_step_tokens(hidden: torch.Tensor, head, weight: torch.Tensor, max_candidates: int,
+                     isa: tuple[int, int]) -> torch.Tensor:
+    """What the screen gives through stored scores: int8_head_scores, then screened_argmax."""
+    scores, margins = _scores(hidden, head, isa)
+    return screened_argmax(scores.contiguous(), margins, hidden, weight, max_candidates)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", [pytest.param(isa, id=f"{isa[0]}-{isa[1]}bit") for isa in supported_isas()])
+def test_the_one_pass_screen_gives_the_stored_scores_tokens(isa, threads):
+    # Rows not a multiple of the kernels' 4 or 8, a vocab ending in a partial block and
+    # a partial screen block, logits all negative (padding lanes score 0: never a token).
+    weight = -(_weight(4001, 72, seed=20).abs()) - 0.001
+    weight[:2000] = _weight(2000, 72, seed=21)
+    head = pack_int8_head(weight)
+    hidden = _normed(37, 72, seed=22)
+    hidden[5] = hidden[5].abs() * 0.0 + 1.0  # one row whose logits favour the all-negative tail less
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        given = int8_screened_argmax(hidden, head, weight, 256, isa=isa)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(given, _two_step_tokens(hidden, head, weight, 256, isa))
+    exact = (hidden.double() @ weight.double().t()).argmax(dim=1)
+    assert torch.equal(given, exact)
+
+
+@pytest.mark.parametrize("isa", [pytest.param(isa, id=f"{isa[0]}-{isa[1]}bit") for isa in supported_isas()])
+def test_the_one_pass_screen_leaves_what_it_cannot_settle_to_the_full_head(isa):
+    weight = _weight(3000, 32, seed=23)
+    weight[1700:1900] = weight[1700]  # 200 identical rows: a row favouring them has 200 candidates
+    head = pack_int8_head(weight)
+    hidden = _normed(4, 32, seed=24)
+    hidden[0] = weight[1700] / weight[1700].norm() * 32**0.5  # its best logits are the 200 copies
+    hidden[1, 7] = float("nan")
+    hidden[2] = 0.0  # every score 0: every token a candidate
+    given = int8_screened_argmax(hidden, head, weight, 64, isa=isa)
+    assert given[:3].tolist() == [-1, -1, -1]
+    assert given[3] == (hidden[3].double() @ weight.double().t()).argmax()
+    assert torch.equal(given, _two_step_tokens(hidden, head, weight, 64, isa))
+    # With room for the 200, the tie goes to the lowest index, as argmax's.
+    assert int8_screened_argmax(hidden[:1], head, weight, 256, isa=isa).tolist() == [1700]
+
+
+def test_a_non_finite_weight_leaves_the_one_pass_screen_to_the_full_head():
+    weight = _weight(300, 16, seed=25)
+    weight[123, 4] = float("inf")
+    head = pack_int8_head(weight)
+    assert int8_screened_argmax(_normed(3, 16, seed=26), head, weight, 256).tolist() == [-1, -1, -1]

@@ -282,33 +282,90 @@ static void quantize_row(const float *h, int64_t hidden_size, int64_t padded_hid
     *margin_out = (float)(margin * (1.0 + 1e-6)); /* rounding the margin to float must not shrink it */
 }
 
+/* One hidden row's running candidates in the fused screen
+ * (int8_screened_argmax): the largest score so far, the floor it sets
+ * (best - 2 margin), and each vocab row whose score reached the floor when
+ * it was scored, in vocab order. The floor only rises, and the final one
+ * (the best score's) is at or above every earlier one, so every final
+ * candidate was kept; those below the final floor are dropped after. */
+typedef struct {
+    float best, floor, twice_margin;
+    int32_t count, capacity, overflow;
+    int32_t *index;
+    float *score;
+} Int8Candidates;
+
+/* Keep the `hits` lanes of a block's 16 scores (vocab rows v0..v0+15). */
+static void int8_push(Int8Candidates *c, int64_t v0, const float *scores, unsigned hits) {
+    if (c->overflow) return;
+    if (c->count + INT8_BLOCK > c->capacity) { /* drop what no longer reaches the floor */
+        int32_t kept = 0;
+        for (int32_t i = 0; i < c->count; ++i)
+            if (c->score[i] >= c->floor) {
+                c->index[kept] = c->index[i];
+                c->score[kept++] = c->score[i];
+            }
+        c->count = kept;
+        if (c->count + INT8_BLOCK > c->capacity) { /* the caller computes this row's full logits */
+            c->overflow = 1;
+            return;
+        }
+    }
+    float best = c->best;
+    for (int j = 0; j < INT8_BLOCK; ++j)
+        if (hits >> j & 1u) {
+            c->index[c->count] = (int32_t)(v0 + j);
+            c->score[c->count++] = scores[j];
+            best = scores[j] > best ? scores[j] : best;
+        }
+    c->best = best;
+    c->floor = best - c->twice_margin;
+}
+
 /* What turns one block's exact integer sums into scores, fused into each
- * instruction set's block kernel so the sums never leave registers and the
- * arithmetic runs at that kernel's vector width (a plain C epilogue after
- * the block, compiled for the baseline ISA, took 40% of the kernel's time
- * on a Zen 4): for hidden row r and vocab row j of the block,
+ * instruction set's block kernel so the arithmetic runs at that kernel's
+ * vector width (a plain C epilogue after the block, compiled for the
+ * baseline ISA, took 40% of the kernel's time on a Zen 4): for hidden row
+ * r and vocab row j of the block,
  *     score = (sum - shift[j]) * scale[j] * row_scales[r],
  * shift[j] = bias * sum(q_j) taking the activations' bias back out, in
- * this order on every path (so every path's scores are identical); and
- * each row's running maxima, lane by lane, over the block's `valid` lanes
- * (padding rows are not tokens; a NaN score never becomes a maximum). */
+ * this order on every path (so every path's scores are identical). Then
+ * one of two things, over the block's `valid` lanes (padding rows are not
+ * tokens; a NaN score is never a maximum nor a candidate):
+ *   - scores mode (candidates NULL): store the scores and each row's
+ *     running maxima, lane by lane (int8_head_scores);
+ *   - screen mode: keep the lanes at or above the row's floor as
+ *     candidates (int8_screened_argmax): no score is stored, so a step
+ *     neither writes rows x vocab floats (8 MB for 64 x 32k) nor reads
+ *     them back, and the KV cache keeps that much more of the L3. */
 typedef struct {
     int32_t shift[INT8_BLOCK];
     float scale[INT8_BLOCK];
     const float *row_scales; /* [rows] */
     int valid;               /* vocab rows of the block that are tokens, 0..16 */
-    float *scores;           /* hidden row 0's score of the block's first vocab row */
+    int64_t v0;              /* the block's first vocab row */
+    float *scores;           /* scores mode: hidden row 0's score of vocab row v0 */
     int64_t score_stride;
-    float *lane_max;         /* [rows][16] running maxima */
+    float *lane_max;         /* scores mode: [rows][16] running maxima */
+    Int8Candidates *candidates; /* screen mode: [rows] */
 } Int8Epilogue;
 
 static inline __attribute__((always_inline)) void int8_epilogue_scalar(const Int8Epilogue *e, int64_t r,
                                                                        const int32_t *s) {
-    float *out = e->scores + r * e->score_stride, *m = e->lane_max + r * INT8_BLOCK;
     const float row_scale = e->row_scales[r];
+    float score[INT8_BLOCK];
+    for (int j = 0; j < INT8_BLOCK; ++j) score[j] = (float)(s[j] - e->shift[j]) * e->scale[j] * row_scale;
+    if (e->candidates != NULL) {
+        Int8Candidates *c = e->candidates + r;
+        unsigned hits = 0;
+        for (int j = 0; j < e->valid; ++j) hits |= (unsigned)(score[j] >= c->floor) << j;
+        if (hits) int8_push(c, e->v0, score, hits);
+        return;
+    }
+    float *out = e->scores + r * e->score_stride, *m = e->lane_max + r * INT8_BLOCK;
     for (int j = 0; j < INT8_BLOCK; ++j) {
-        out[j] = (float)(s[j] - e->shift[j]) * e->scale[j] * row_scale;
-        m[j] = j < e->valid && out[j] > m[j] ? out[j] : m[j];
+        out[j] = score[j];
+        m[j] = j < e->valid && score[j] > m[j] ? score[j] : m[j];
     }
 }
 
@@ -359,20 +416,33 @@ int8_epilogue_avx2_setup(const Int8Epilogue *e) {
 }
 
 __attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
-int8_epilogue_avx2_half(const Int8Epilogue *e, int64_t r, int half, __m256i sum, __m256i shift, __m256 scale,
-                        __m256 valid) {
-    float *out = e->scores + r * e->score_stride + 8 * half, *m = e->lane_max + r * INT8_BLOCK + 8 * half;
-    const __m256 score = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sum, shift)), scale),
-                                       _mm256_set1_ps(e->row_scales[r]));
-    _mm256_storeu_ps(out, score);
-    const __m256 old = _mm256_loadu_ps(m);
-    _mm256_storeu_ps(m, _mm256_blendv_ps(old, _mm256_max_ps(score, old), valid));
-}
-
-__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
 int8_epilogue_avx2(const Int8Epilogue *e, const Int8EpilogueAvx2 *v, int64_t r, __m256i s0, __m256i s1) {
-    int8_epilogue_avx2_half(e, r, 0, s0, v->shift0, v->scale0, v->valid0);
-    int8_epilogue_avx2_half(e, r, 1, s1, v->shift1, v->scale1, v->valid1);
+    const __m256 row_scale = _mm256_set1_ps(e->row_scales[r]);
+    const __m256 score0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s0, v->shift0)), v->scale0),
+                                        row_scale);
+    const __m256 score1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s1, v->shift1)), v->scale1),
+                                        row_scale);
+    if (e->candidates != NULL) {
+        Int8Candidates *c = e->candidates + r;
+        const __m256 floor = _mm256_set1_ps(c->floor);
+        const unsigned hits = ((unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(score0, floor, _CMP_GE_OQ),
+                                                                          v->valid0)) |
+                               (unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(score1, floor, _CMP_GE_OQ),
+                                                                          v->valid1)) << 8);
+        if (hits) {
+            float score[INT8_BLOCK];
+            _mm256_storeu_ps(score, score0);
+            _mm256_storeu_ps(score + 8, score1);
+            int8_push(c, e->v0, score, hits);
+        }
+        return;
+    }
+    float *out = e->scores + r * e->score_stride, *m = e->lane_max + r * INT8_BLOCK;
+    _mm256_storeu_ps(out, score0);
+    _mm256_storeu_ps(out + 8, score1);
+    const __m256 old0 = _mm256_loadu_ps(m), old1 = _mm256_loadu_ps(m + 8);
+    _mm256_storeu_ps(m, _mm256_blendv_ps(old0, _mm256_max_ps(score0, old0), v->valid0));
+    _mm256_storeu_ps(m + 8, _mm256_blendv_ps(old1, _mm256_max_ps(score1, old1), v->valid1));
 }
 
 /* AVX2: 4 hidden rows x 16 vocab rows (two ymm of 8 int32 lanes) per pass,
@@ -473,9 +543,19 @@ __attribute__((target("avx2,avxvnni"))) static void int8_block_avx_vnni(const ui
  * four products into int32 in one instruction. 8 hidden rows per pass. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline __attribute__((always_inline)) void
 int8_epilogue_avx512(const Int8Epilogue *e, int64_t r, __m512i sum, __m512i shift, __m512 scale, __mmask16 valid) {
-    float *m = e->lane_max + r * INT8_BLOCK;
     const __m512 score = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum, shift)), scale),
                                        _mm512_set1_ps(e->row_scales[r]));
+    if (e->candidates != NULL) {
+        Int8Candidates *c = e->candidates + r;
+        const __mmask16 hits = _mm512_mask_cmp_ps_mask(valid, score, _mm512_set1_ps(c->floor), _CMP_GE_OQ);
+        if (hits) {
+            float scores[INT8_BLOCK];
+            _mm512_storeu_ps(scores, score);
+            int8_push(c, e->v0, scores, hits);
+        }
+        return;
+    }
+    float *m = e->lane_max + r * INT8_BLOCK;
     _mm512_storeu_ps(e->scores + r * e->score_stride, score);
     const __m512 old = _mm512_loadu_ps(m);
     _mm512_storeu_ps(m, _mm512_mask_max_ps(old, valid, score, old));
@@ -549,6 +629,91 @@ static int8_block_fn int8_block_for(int isa) {
     return int8_block_scalar;
 }
 
+/* One call's inputs, as both entry points take them. */
+typedef struct {
+    const float *hidden;         /* [rows][hidden_size] */
+    const int8_t *packed;        /* [padded_vocab / 16][padded_hidden / 4][16][4] */
+    const float *weight_scales;  /* [padded_vocab] */
+    const int32_t *row_sums;     /* [padded_vocab] */
+    int64_t rows, hidden_size, padded_hidden, vocab, padded_vocab;
+    double weight_error_max, weight_norm_max;
+    int isa, bits, threads;
+} Int8Call;
+
+static int int8_check(const Int8Call *call) {
+    if (call->rows < 0 || call->hidden_size <= 0 || call->padded_hidden < call->hidden_size ||
+        call->padded_hidden % 4 != 0 || call->vocab <= 0 || call->padded_vocab < call->vocab ||
+        call->padded_vocab % INT8_BLOCK != 0 || call->vocab > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "bad int8 head shape");
+        return -1;
+    }
+    if (!int8_isa_supported(call->isa, call->bits)) {
+        PyErr_Format(PyExc_ValueError, "int8 head: instruction set %d with %d-bit activations is not available "
+                     "on this CPU", call->isa, call->bits);
+        return -1;
+    }
+    return 0;
+}
+
+static void int8_quantize(const Int8Call *call, uint8_t *activations, float *row_scales, float *margins) {
+    for (int64_t r = 0; r < call->rows; ++r)
+        quantize_row(call->hidden + r * call->hidden_size, call->hidden_size, call->padded_hidden, call->bits,
+                     activations + r * call->padded_hidden, row_scales + r, margins + r, call->weight_error_max,
+                     call->weight_norm_max);
+}
+
+/* Every block of the head for the quantized rows (int8_quantize), through
+ * the epilogue `mode` describes (scores or screen), the threads taking runs of
+ * SCREEN_BLOCK vocab rows. Scores mode: `lane_max` has [threads][rows][16]
+ * floats, and `block_max` (or NULL) receives each screen block's maximum.
+ * Screen mode: `candidates` has [threads][rows], each thread's own.
+ * Runs without the GIL. */
+static void int8_scan(const Int8Call *call, const uint8_t *activations, const float *row_scales,
+                      const Int8Epilogue *mode, float *lane_max, float *block_max, Int8Candidates *candidates) {
+    const int64_t rows = call->rows, vocab = call->vocab;
+    const int32_t bias = 1 << (call->bits - 1);
+    const int8_block_fn block_fn = int8_block_for(call->isa);
+    const int64_t blocks = call->padded_vocab / INT8_BLOCK;
+    /* Runs of whole screen blocks, so each one's maxima come out of the
+     * epilogue and the screen need not read every score again to find them. */
+    const int64_t per_screen_block = SCREEN_BLOCK / INT8_BLOCK;
+    const int64_t screen_blocks = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
+    const int64_t outer = (blocks + per_screen_block - 1) / per_screen_block;
+#pragma omp parallel for num_threads(call->threads) if (outer > 1) schedule(static)
+    for (long long sb = 0; sb < outer; ++sb) {
+        const int thread = omp_get_thread_num();
+        Int8Epilogue e = *mode;
+        e.row_scales = row_scales;
+        float *maxima = NULL;
+        if (candidates != NULL) {
+            e.candidates = candidates + (size_t)thread * (size_t)rows;
+        } else {
+            maxima = lane_max + (size_t)thread * (size_t)rows * INT8_BLOCK;
+            for (int64_t i = 0; i < rows * INT8_BLOCK; ++i) maxima[i] = -INFINITY;
+            e.lane_max = maxima;
+        }
+        float *const first_scores = e.scores;
+        const int64_t b_end = (sb + 1) * per_screen_block < blocks ? (sb + 1) * per_screen_block : blocks;
+        for (int64_t b = sb * per_screen_block; b < b_end; ++b) {
+            const int64_t v0 = b * INT8_BLOCK;
+            e.v0 = v0;
+            e.scores = first_scores != NULL ? first_scores + v0 : NULL;
+            e.valid = vocab - v0 >= INT8_BLOCK ? INT8_BLOCK : (int)(vocab - v0 > 0 ? vocab - v0 : 0);
+            for (int j = 0; j < INT8_BLOCK; ++j) {
+                e.shift[j] = bias * call->row_sums[v0 + j];
+                e.scale[j] = call->weight_scales[v0 + j];
+            }
+            block_fn(activations, call->padded_hidden, call->packed + b * INT8_BLOCK * call->padded_hidden, rows, &e);
+        }
+        if (maxima != NULL && block_max != NULL && sb < screen_blocks)
+            for (int64_t r = 0; r < rows; ++r) {
+                float m = -INFINITY;
+                for (int j = 0; j < INT8_BLOCK; ++j) m = maxima[r * INT8_BLOCK + j] > m ? maxima[r * INT8_BLOCK + j] : m;
+                block_max[r * screen_blocks + sb] = m;
+            }
+    }
+}
+
 static PyObject *int8_head_scores(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, scores_p, margins_p, block_max_p;
@@ -559,75 +724,134 @@ static PyObject *int8_head_scores(PyObject *self, PyObject *args) {
                           &margins_p, &block_max_p, &rows, &hidden_size, &padded_hidden, &vocab, &padded_vocab,
                           &score_stride, &weight_error_max, &weight_norm_max, &isa, &bits, &num_threads))
         return NULL;
-    if (rows < 0 || hidden_size <= 0 || padded_hidden < hidden_size || padded_hidden % 4 != 0 || vocab <= 0 ||
-        padded_vocab < vocab || padded_vocab % INT8_BLOCK != 0 || score_stride < padded_vocab) {
+    const Int8Call call = {(const float *)(uintptr_t)hidden_p, (const int8_t *)(uintptr_t)packed_p,
+                           (const float *)(uintptr_t)weight_scales_p, (const int32_t *)(uintptr_t)row_sums_p,
+                           rows, hidden_size, padded_hidden, vocab, padded_vocab, weight_error_max,
+                           weight_norm_max, isa, bits, num_threads > 0 ? num_threads : 1};
+    if (int8_check(&call) < 0) return NULL;
+    if (score_stride < padded_vocab) {
         PyErr_SetString(PyExc_ValueError, "bad int8 head shape");
         return NULL;
     }
-    if (!int8_isa_supported(isa, bits)) {
-        PyErr_Format(PyExc_ValueError, "int8 head: instruction set %d with %d-bit activations is not available "
-                     "on this CPU", isa, bits);
-        return NULL;
-    }
-    const float *hidden = (const float *)(uintptr_t)hidden_p;
-    const int8_t *packed = (const int8_t *)(uintptr_t)packed_p;
-    const float *weight_scales = (const float *)(uintptr_t)weight_scales_p;
-    const int32_t *row_sums = (const int32_t *)(uintptr_t)row_sums_p;
-    float *scores = (float *)(uintptr_t)scores_p;
-    float *margins = (float *)(uintptr_t)margins_p;
-    const int threads = num_threads > 0 ? num_threads : 1;
-    const int32_t bias = 1 << (bits - 1);
     const size_t some_rows = (size_t)(rows > 0 ? rows : 1);
     uint8_t *activations = PyMem_RawMalloc(some_rows * (size_t)padded_hidden);
     float *row_scales = PyMem_RawMalloc(sizeof(float) * some_rows);
-    /* Each thread's running maxima of its screen block, per row and lane. */
-    float *lane_max = PyMem_RawMalloc(sizeof(float) * some_rows * INT8_BLOCK * (size_t)threads);
+    float *lane_max = PyMem_RawMalloc(sizeof(float) * some_rows * INT8_BLOCK * (size_t)call.threads);
     if (activations == NULL || row_scales == NULL || lane_max == NULL) {
         PyMem_RawFree(activations);
         PyMem_RawFree(row_scales);
         PyMem_RawFree(lane_max);
         return PyErr_NoMemory();
     }
-    const int8_block_fn block_fn = int8_block_for(isa);
-    const int64_t blocks = padded_vocab / INT8_BLOCK;
-    /* The loop runs over the screen's blocks of SCREEN_BLOCK vocab rows, so
-     * each block's maxima come out of the epilogue, on scores still in
-     * registers, and the screen need not read every score again to find them. */
-    const int64_t per_screen_block = SCREEN_BLOCK / INT8_BLOCK;
-    const int64_t screen_blocks = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
-    const int64_t outer = (blocks + per_screen_block - 1) / per_screen_block;
-    float *block_max = (float *)(uintptr_t)block_max_p;
+    const Int8Epilogue mode = {.scores = (float *)(uintptr_t)scores_p, .score_stride = score_stride};
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t r = 0; r < rows; ++r)
-        quantize_row(hidden + r * hidden_size, hidden_size, padded_hidden, bits, activations + r * padded_hidden,
-                     row_scales + r, margins + r, weight_error_max, weight_norm_max);
-#pragma omp parallel for num_threads(threads) if (outer > 1) schedule(static)
-    for (long long sb = 0; sb < outer; ++sb) {
-        float *maxima = lane_max + (size_t)omp_get_thread_num() * (size_t)rows * INT8_BLOCK;
-        for (int64_t i = 0; i < rows * INT8_BLOCK; ++i) maxima[i] = -INFINITY;
-        const int64_t b_end = (sb + 1) * per_screen_block < blocks ? (sb + 1) * per_screen_block : blocks;
-        for (int64_t b = sb * per_screen_block; b < b_end; ++b) {
-            const int64_t v0 = b * INT8_BLOCK;
-            Int8Epilogue e = {.row_scales = row_scales, .scores = scores + v0, .score_stride = score_stride,
-                              .lane_max = maxima};
-            e.valid = vocab - v0 >= INT8_BLOCK ? INT8_BLOCK : (int)(vocab - v0 > 0 ? vocab - v0 : 0);
-            for (int j = 0; j < INT8_BLOCK; ++j) {
-                e.shift[j] = bias * row_sums[v0 + j];
-                e.scale[j] = weight_scales[v0 + j];
-            }
-            block_fn(activations, padded_hidden, packed + b * INT8_BLOCK * padded_hidden, rows, &e);
-        }
-        if (block_max != NULL && sb < screen_blocks)
-            for (int64_t r = 0; r < rows; ++r) {
-                float m = -INFINITY;
-                for (int j = 0; j < INT8_BLOCK; ++j) m = maxima[r * INT8_BLOCK + j] > m ? maxima[r * INT8_BLOCK + j] : m;
-                block_max[r * screen_blocks + sb] = m;
-            }
-    }
+    int8_quantize(&call, activations, row_scales, (float *)(uintptr_t)margins_p);
+    int8_scan(&call, activations, row_scales, &mode, lane_max, (float *)(uintptr_t)block_max_p, NULL);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(activations);
     PyMem_RawFree(row_scales);
     PyMem_RawFree(lane_max);
+    Py_RETURN_NONE;
+}
+
+/* Row r's token from every thread's candidates (see int8_screened_argmax). */
+static int64_t int8_pick(const Int8Candidates *candidates, int threads, int64_t rows, int64_t r, float margin,
+                         const float *hidden, const float *weight, int64_t hidden_size, int64_t max_candidates) {
+    float best = -INFINITY;
+    for (int t = 0; t < threads; ++t) {
+        const Int8Candidates *c = candidates + (size_t)t * (size_t)rows + r;
+        if (c->overflow) return -1;
+        best = c->best > best ? c->best : best;
+    }
+    if (!isfinite(best) || !isfinite(margin)) return -1;
+    const float floor = best - 2.0f * margin;
+    int64_t count = 0, token = -1;
+    double best_logit = -INFINITY;
+    for (int t = 0; t < threads; ++t) {
+        const Int8Candidates *c = candidates + (size_t)t * (size_t)rows + r;
+        for (int32_t i = 0; i < c->count; ++i) {
+            if (c->score[i] < floor) continue;
+            if (++count > max_candidates) return -1;
+            const int64_t v = c->index[i];
+            const double logit = dot_f64(hidden, weight + v * hidden_size, hidden_size);
+            if (logit > best_logit || (logit == best_logit && v < token)) { /* a tie: the lowest index */
+                best_logit = logit;
+                token = v;
+            }
+        }
+    }
+    return token;
+}
+
+/*
+ * The int8 screen and the exact argmax in one call: the tokens that
+ * int8_head_scores and then screened_argmax_f32 give (the same candidates,
+ * the same exact logits, -1 where a row has more than max_candidates or
+ * non-finite inputs, or where its running list outgrew its room), without
+ * storing the scores (see Int8Epilogue).
+ */
+static PyObject *int8_screened_argmax(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, weight_p, out_p;
+    long long rows, hidden_size, padded_hidden, vocab, padded_vocab, max_candidates;
+    double weight_error_max, weight_norm_max;
+    int isa, bits, num_threads;
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLddiiLi", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &weight_p,
+                          &out_p, &rows, &hidden_size, &padded_hidden, &vocab, &padded_vocab, &weight_error_max,
+                          &weight_norm_max, &isa, &bits, &max_candidates, &num_threads))
+        return NULL;
+    const Int8Call call = {(const float *)(uintptr_t)hidden_p, (const int8_t *)(uintptr_t)packed_p,
+                           (const float *)(uintptr_t)weight_scales_p, (const int32_t *)(uintptr_t)row_sums_p,
+                           rows, hidden_size, padded_hidden, vocab, padded_vocab, weight_error_max,
+                           weight_norm_max, isa, bits, num_threads > 0 ? num_threads : 1};
+    if (int8_check(&call) < 0) return NULL;
+    if (max_candidates < 1 || max_candidates > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "int8 screened argmax: max_candidates must be in 1..2^20");
+        return NULL;
+    }
+    /* Room for twice the cap and a block: a list that fills is first cut
+     * to what still reaches the floor, and only overflows when that leaves
+     * no room, far past the cap. */
+    const int32_t capacity = (int32_t)(2 * max_candidates + 2 * INT8_BLOCK);
+    const size_t some_rows = (size_t)(rows > 0 ? rows : 1), lists = some_rows * (size_t)call.threads;
+    uint8_t *activations = PyMem_RawMalloc(some_rows * (size_t)padded_hidden);
+    float *row_scales = PyMem_RawMalloc(sizeof(float) * some_rows);
+    float *margins = PyMem_RawMalloc(sizeof(float) * some_rows);
+    Int8Candidates *candidates = PyMem_RawMalloc(sizeof(Int8Candidates) * lists);
+    int32_t *indices = PyMem_RawMalloc(sizeof(int32_t) * lists * (size_t)capacity);
+    float *scores = PyMem_RawMalloc(sizeof(float) * lists * (size_t)capacity);
+    if (activations == NULL || row_scales == NULL || margins == NULL || candidates == NULL || indices == NULL ||
+        scores == NULL) {
+        PyMem_RawFree(activations);
+        PyMem_RawFree(row_scales);
+        PyMem_RawFree(margins);
+        PyMem_RawFree(candidates);
+        PyMem_RawFree(indices);
+        PyMem_RawFree(scores);
+        return PyErr_NoMemory();
+    }
+    const float *weight = (const float *)(uintptr_t)weight_p;
+    int64_t *out = (int64_t *)(uintptr_t)out_p;
+    const Int8Epilogue mode = {.scores = NULL};
+    Py_BEGIN_ALLOW_THREADS
+    int8_quantize(&call, activations, row_scales, margins);
+    for (size_t i = 0; i < lists; ++i) { /* each thread's list of each row */
+        const Int8Candidates empty = {-INFINITY, -INFINITY, 2.0f * margins[i % some_rows], 0, capacity, 0,
+                                      indices + i * (size_t)capacity, scores + i * (size_t)capacity};
+        candidates[i] = empty;
+    }
+    int8_scan(&call, activations, row_scales, &mode, NULL, NULL, candidates);
+#pragma omp parallel for num_threads(call.threads) if (rows > 1) schedule(static)
+    for (long long r = 0; r < rows; ++r)
+        out[r] = int8_pick(candidates, call.threads, rows, r, margins[r], call.hidden + r * hidden_size, weight,
+                           hidden_size, max_candidates);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(activations);
+    PyMem_RawFree(row_scales);
+    PyMem_RawFree(margins);
+    PyMem_RawFree(candidates);
+    PyMem_RawFree(indices);
+    PyMem_RawFree(scores);
     Py_RETURN_NONE;
 }
 
@@ -659,6 +883,9 @@ static PyMethodDef methods[] = {
      "Exact row argmax from a float32 screen; as screened_argmax_bf16."},
     {"int8_head_scores", int8_head_scores, METH_VARARGS,
      "The int8 screen's float32 scores and each row's margin; pointers and shapes as ints."},
+    {"int8_screened_argmax", int8_screened_argmax, METH_VARARGS,
+     "Exact row argmax from the int8 screen in one pass; pointers and shapes as ints, -1 where a row needs the "
+     "full logits."},
     {"int8_head_isas", int8_head_isas, METH_VARARGS, "The int8 screen's instruction sets this CPU runs."},
     {NULL, NULL, 0, NULL},
 };

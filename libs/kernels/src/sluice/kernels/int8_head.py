@@ -11,7 +11,12 @@ feed ``sluice.kernels.argmax.screened_argmax``, which recomputes the few
 candidates exactly, so the token never depends on the quantization.
 
     head = pack_int8_head(weight)                    # once: [V, H] float32
-    margins = int8_head_scores(hidden, head, out)    # per step: out [N, >= padded_vocab]
+    tokens = int8_screened_argmax(hidden, head, weight, max_candidates)  # per step: int64 [N], -1: full head
+
+``int8_screened_argmax`` keeps each row's candidates as it scores and never
+stores a score; ``int8_head_scores`` stores them all (scores [N, >=
+padded_vocab] and margins), for tests and benchmarks to inspect, and
+``screened_argmax`` then gives the same tokens from them.
 """
 
 from __future__ import annotations
@@ -141,3 +146,27 @@ def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
                              out.stride(0) if rows > 1 else head.padded_vocab,
                              head.error_norm_max, head.norm_max, instruction_set, bits, torch.get_num_threads())
     return margins
+
+
+def int8_screened_argmax(hidden: torch.Tensor, head: Int8Head, weight: torch.Tensor, max_candidates: int, *,
+                         isa: tuple[int, int] | None = None) -> torch.Tensor:
+    """The exact argmax of ``hidden @ weight.T`` per row (float32 [N, H] and
+    [V, H], ``head`` packed from ``weight``), int64 [N]: the tokens that
+    ``int8_head_scores`` then ``screened_argmax`` give, in one pass that
+    stores no score; -1 where a row had more than ``max_candidates``
+    candidates or non-finite inputs (compute that row's full logits instead)."""
+    if not int8_head_available():
+        raise RuntimeError("the native int8 head is not built in this install")
+    if (hidden.dim() != 2 or hidden.dtype != torch.float32 or hidden.shape[1] != head.hidden
+            or weight.dtype != torch.float32 or weight.shape != (head.vocab, head.hidden)):
+        raise ValueError(f"int8_screened_argmax: hidden {tuple(hidden.shape)} {hidden.dtype}, weight "
+                         f"{tuple(weight.shape)} {weight.dtype}, head {head.vocab}x{head.hidden}")
+    instruction_set, bits = isa if isa is not None else best_isa()
+    hidden, weight = hidden.contiguous(), weight.contiguous()
+    out = torch.empty(hidden.shape[0], dtype=torch.int64)
+    _native.int8_screened_argmax(hidden.data_ptr(), head.packed.data_ptr(), head.scales.data_ptr(),
+                                 head.row_sums.data_ptr(), weight.data_ptr(), out.data_ptr(), hidden.shape[0],
+                                 head.hidden, head.padded_hidden, head.vocab, head.padded_vocab,
+                                 head.error_norm_max, head.norm_max, instruction_set, bits, max_candidates,
+                                 torch.get_num_threads())
+    return out

@@ -39,8 +39,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from sluice.kernels.argmax import argmax_rows, screen_blocks, screened_argmax, screened_argmax_available
-from sluice.kernels.int8_head import Int8Head, int8_head_available, int8_head_scores, pack_int8_head
+from sluice.kernels.argmax import argmax_rows, screened_argmax, screened_argmax_available
+from sluice.kernels.int8_head import Int8Head, int8_head_available, int8_screened_argmax, pack_int8_head
 from sluice.model.cpu_linear import PackedLinear
 
 ScreenKind = Literal["bf16", "int8"]
@@ -112,8 +112,6 @@ class ScreenedHead(PackedLinear):
                   and screen_available(self.screen_kind))
         self._screen: torch.Tensor | None = None
         self._int8: Int8Head | None = None
-        self._scores = torch.empty(0, 0)  # the int8 screen's scores, reused across steps
-        self._block_max = torch.empty(0, 0)  # ... and each screen block's largest
         if usable and self.screen_kind == "bf16":
             self._screen = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous(), None)
         elif usable:
@@ -131,29 +129,17 @@ class ScreenedHead(PackedLinear):
         if not self.screening or hidden.dtype != torch.float32 or hidden.device.type != "cpu":
             return argmax_rows(self(hidden).float())
         hidden = hidden.contiguous()
-        block_max = None
         if self._int8 is not None:
-            scores, margins, block_max = self._int8_scores(hidden)  # float32 [N, vocab] (a view), [N], [N, blocks]
+            tokens = int8_screened_argmax(hidden, self._int8, self.weight.detach(), self.max_candidates)
         else:
             scores = torch.ops.mkldnn._linear_pointwise(hidden.to(torch.bfloat16), self._screen, None, "none",
                                                         [], "")  # bf16 [N, vocab]
             margins = hidden.norm(dim=1) * (self._bound * self._max_row_norm) + ABSOLUTE_SLACK  # [N]
-        tokens = screened_argmax(scores, margins, hidden, self.weight.detach(), self.max_candidates, block_max)
+            tokens = screened_argmax(scores, margins, hidden, self.weight.detach(), self.max_candidates)
         unresolved = (tokens < 0).nonzero().flatten()
         if unresolved.numel():
             tokens[unresolved] = argmax_rows(self(hidden[unresolved]).float())
         return tokens
-
-    def _int8_scores(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        rows = hidden.shape[0]
-        assert self._int8 is not None
-        if self._scores.shape[0] < rows:
-            # Kept across steps: a fresh 8 MB buffer per step is mostly page faults.
-            self._scores = torch.empty(rows, self._int8.padded_vocab, dtype=torch.float32)
-            self._block_max = torch.empty(rows, screen_blocks(self.out_features), dtype=torch.float32)
-        block_max = self._block_max[:rows]
-        margins = int8_head_scores(hidden, self._int8, self._scores[:rows], block_max=block_max)
-        return self._scores[:rows, :self.out_features], margins, block_max
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, screened={self.screen_kind if self.screening else False}"
