@@ -50,11 +50,14 @@ def test_auto_takes_the_faster_per_shape_and_caches_the_probe(make_config, tmp_p
     assert len(calls) == 2
 
 
-def test_the_machine_key_follows_shapes_and_threads(monkeypatch):
+def test_the_machine_key_follows_shapes_threads_and_the_kernels_build(monkeypatch):
     shapes = [LinearShape(32, 64, False)]
     key = machine_key(shapes)
     assert machine_key(list(reversed(shapes * 2))) == key
     assert machine_key([LinearShape(32, 65, False)]) != key
+    monkeypatch.setattr(cpu_fast_path, "native_build_digest", lambda: "another build")
+    assert machine_key(shapes) != key
+    monkeypatch.undo()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
     assert machine_key(shapes) != key
 

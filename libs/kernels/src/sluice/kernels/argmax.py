@@ -8,6 +8,9 @@ scores (sluice.kernels.int8_head), native only."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import torch  # first: the kernel then shares the OpenMP runtime torch loaded
 
 try:
@@ -26,6 +29,17 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     _native.argmax_rows_f32(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], x.stride(0),
                             torch.get_num_threads())
     return out
+
+
+def native_build_digest() -> str:
+    """A digest of the native screen kernels' build ("" where none is built):
+    a probe's timings of the screens hold for this build only."""
+    if _native is None:
+        return ""
+    try:
+        return hashlib.sha256(Path(_native.__file__).read_bytes()).hexdigest()[:16]
+    except (OSError, AttributeError, TypeError):
+        return "unknown"
 
 
 def screened_argmax_available() -> bool:

@@ -22,8 +22,9 @@ needs AMX or AVX512-BF16, int8 only the native kernels) and takes the
 fastest; the forced modes never screen.
 
 A probe costs well under a second for a small model; its answer is cached
-in a JSON file per machine (CPU model and flags, torch version, threads),
-so a restart on the same machine does not measure again.
+in a JSON file per machine (CPU model and flags, torch version, threads,
+the native kernels' build), so a restart on the same machine does not
+measure again, and a new build of the kernels does.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sluice.kernels.argmax import argmax_rows
+from sluice.kernels.argmax import argmax_rows, native_build_digest
 from sluice.model.cpu_linear import PackedLinear, onednn_linear_available
 from sluice.model.greedy_head import SCREEN_KINDS, ScreenedHead, ScreenKind, available_screens
 
@@ -129,7 +130,7 @@ def _best_times(impls: Mapping[str, Callable[[], object]], trials: int, min_time
 
 
 def machine_key(shapes: Iterable[LinearShape]) -> str:
-    """What a probe's answer depends on: the CPU, torch and its threads, the shapes."""
+    """What a probe's answer depends on: the CPU, torch and its threads, the shapes, the native kernels' build."""
     flags = model_name = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -140,7 +141,8 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
     except OSError:
         model_name = platform.processor() or platform.machine()
     facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
-             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"screens={','.join(available_screens())}"]
+             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"screens={','.join(available_screens())}",
+             f"kernels={native_build_digest()}"]  # a rebuilt kernel may time differently
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
