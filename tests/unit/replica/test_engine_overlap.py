@@ -5,7 +5,8 @@ The real core, executor, runner and tiny model. A workload with greedy and
 seeded sampled requests, stop tokens and a KV pool small enough to preempt
 must give every request the tokens and finish reason it gets with one step
 at a time, free every block, and a failed step must fail only its own
-requests.
+requests. Either way a submitter's flush follows each step's outputs once,
+and without overlap it comes right before the next step runs.
 """
 
 from __future__ import annotations
@@ -47,19 +48,21 @@ def workload() -> list[EngineRequest]:
 
 
 class FailingStep(StepExecutor):
-    """Raises on the run of any step that holds `victim`."""
+    """Raises on the run of any step that holds `victim`; notes each run in `log`."""
 
-    def __init__(self, runner: ModelRunner, victim: str) -> None:
+    def __init__(self, runner: ModelRunner, victim: str | None, log: list) -> None:
         super().__init__(runner)
         self.victim = victim
+        self.log = log
 
     def run_prepared(self, prepared, previous=None, should_yield=None):
+        self.log.append(("run",))
         if any(chunk.request_id == self.victim for chunk in prepared.plan.chunks):
             raise RuntimeError("the device fell over")
         return super().run_prepared(prepared, previous, should_yield)
 
 
-def run(model, overlap: bool, num_blocks: int = 24, fail: str | None = None):
+def run(model, overlap: bool, num_blocks: int = 24, fail: str | None = None, log: list | None = None):
     caches = allocate_kv_caches(model.config, num_blocks, BLOCK, torch.float32, "cpu")
     core = IterationScheduler(
         SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=6, long_prefill_chunk_tokens=12,
@@ -67,7 +70,8 @@ def run(model, overlap: bool, num_blocks: int = 24, fail: str | None = None):
         BlockManager(num_blocks, BLOCK),
     )
     runner = ModelRunner(model, caches)
-    executor = FailingStep(runner, fail) if fail else StepExecutor(runner)
+    log = [] if log is None else log  # ("run",), ("sink", request id), ("flush",) in the order they happen
+    executor = FailingStep(runner, fail, log)
     engine = EngineLoop(core, executor, overlap=overlap)
     requests = workload()
     tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
@@ -77,6 +81,7 @@ def run(model, overlap: bool, num_blocks: int = 24, fail: str | None = None):
 
     def sink_for(request_id):
         def sink(event):
+            log.append(("sink", request_id))
             with lock:
                 if isinstance(event, BaseException):
                     ends[request_id] = event
@@ -90,8 +95,9 @@ def run(model, overlap: bool, num_blocks: int = 24, fail: str | None = None):
 
     engine.start()
     try:
+        flush = lambda: log.append(("flush",))  # noqa: E731 - one for every request, as a multiplexed call's
         for r in requests:
-            engine.submit(r, sink_for(r.request_id))
+            engine.submit(r, sink_for(r.request_id), flush)
         for _ in requests:
             assert done.acquire(timeout=60), "a request never ended"
     finally:
@@ -129,3 +135,20 @@ def test_a_failed_step_fails_its_requests_and_the_rest_go_on(tiny_checkpoint, on
         else:  # untouched by the failure: as without it
             assert end == expected_ends[request_id]
             assert tokens[request_id] == expected_tokens[request_id]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_steps_outputs_are_flushed_once_and_one_at_a_time_just_before_the_next_step(tiny_checkpoint, overlap):
+    log: list = []
+    run(tiny_checkpoint.model, overlap=overlap, log=log)
+    assert log[-1] == ("flush",)  # nothing sunk is left unflushed
+    assert all(a != b for a, b in zip(log, log[1:]) if a == ("flush",))  # never twice in a row
+    sinks_since_flush = 0
+    for previous, event in zip([("start",), *log], log):
+        if event == ("flush",):
+            assert sinks_since_flush > 0  # a flush only follows outputs
+            sinks_since_flush = 0
+        elif event[0] == "sink":
+            sinks_since_flush += 1
+        elif not overlap:  # ("run",), one step at a time: the outputs before it went out right before it ran
+            assert sinks_since_flush == 0 and previous != ("sink",)

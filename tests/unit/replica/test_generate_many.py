@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
 import grpc
 import pytest
@@ -190,10 +191,12 @@ async def test_a_new_request_after_a_failed_call_opens_a_new_call(tiny_checkpoin
 class RecordingEngine:
     def __init__(self) -> None:
         self.sinks = {}
+        self.flushes = {}
         self.cancelled = []
 
-    def submit(self, request, sink) -> None:
+    def submit(self, request, sink, flush=None) -> None:
         self.sinks[request.request_id] = sink
+        self.flushes[request.request_id] = flush
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
@@ -216,7 +219,7 @@ async def test_outputs_waiting_for_a_slow_reader_leave_as_one_delta_per_request(
     engine.sinks["a"](output("a", [2]))
     engine.sinks["a"](output("a", [3], FinishReason.LENGTH, produced=3))
     engine.sinks["b"](ValueError("cannot fit"))
-    batch = await requests.next_batch()
+    batch = await requests.next_batch()  # the failure woke the reader at once
     events = [(e.request_id, e.WhichOneof("event")) for e in batch.events]
     assert events == [("b", "token"), ("b", "failed"), ("a", "token"), ("a", "token")]
     assert list(batch.events[0].token.tokens.token_ids) == [7]
@@ -226,3 +229,21 @@ async def test_outputs_waiting_for_a_slow_reader_leave_as_one_delta_per_request(
     requests.close()
     assert await requests.next_batch() is None  # nothing left running: the call may end
     assert engine.cancelled == []
+
+
+async def test_a_steps_outputs_wake_the_reader_once_at_the_engines_flush(tiny_checkpoint):
+    engine = RecordingEngine()
+    requests = MultiplexedRequests(engine, tiny_checkpoint.model.config, ReplicaCounters())
+    for rid in ("a", "b"):
+        requests.submit(token_request(rid, [5, 6, 7, 8]))
+    assert engine.flushes["a"] is not None and engine.flushes["a"] == engine.flushes["b"]  # one per call
+    engine.sinks["a"](output("a", [1]))
+    engine.sinks["b"](output("b", [7]))
+    reader = asyncio.ensure_future(requests.next_batch())
+    await asyncio.sleep(0.05)
+    assert not reader.done()  # sunk, but the step's outputs are not all in yet
+    engine.flushes["a"]()
+    engine.flushes["b"]()  # the engine calls each distinct flush once; a second call adds no message
+    batch = await asyncio.wait_for(reader, 2)
+    assert [(e.request_id, list(e.token.tokens.token_ids)) for e in batch.events] == [("a", [1]), ("b", [7])]
+    assert requests._pending == deque()

@@ -6,13 +6,14 @@ gRPC Python spends ~100 us of CPU on each at both ends: at 64 streams that
 is a core's worth of relaying on a box whose cores the model needs. Here the
 outputs of every request on the call are gathered and leave together:
 
-    model thread: sink(request_id, output) -> pending deque
-                  (first item since the last drain schedules one wake-up)
-    event loop:   next_batch() drains pending -> one TokenEventBatch
+    engine thread: sink(request_id, output) -> pending deque
+                   flush() once the step's outputs are all in: one wake-up
+    event loop:    next_batch() drains pending -> one TokenEventBatch
 
-The wake-up is coalesced: however many requests finished a step, the event
-loop is woken once, and a reader that falls behind gets everything waiting
-in one message.
+The wake-up is coalesced: however many requests a step served, the event
+loop is woken once (the engine loop calls the flush after the step's last
+sink, see sluice.replica.engine_loop), and a reader that falls behind gets
+everything waiting in one message. A failure wakes it at once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from sluice.v1 import replica_pb2
 
 class MultiplexedRequests:
     """The requests of one GenerateMany call. Event-loop methods except
-    ``_from_model_thread``, which the engine's model thread calls."""
+    ``_from_model_thread`` and ``_flush``, which the engine thread calls."""
 
     def __init__(
         self, engine: EngineLoop, config: LlamaConfig, counters: ReplicaCounters, spans: RequestSpans | None = None,
@@ -66,7 +67,7 @@ class MultiplexedRequests:
             self._fail(request_id, error.info)
             return
         self._active.add(request_id)
-        self._engine.submit(engine_req, partial(self._from_model_thread, request_id))
+        self._engine.submit(engine_req, partial(self._from_model_thread, request_id), self._flush)
 
     def cancel(self, request_id: str) -> None:
         """The caller no longer wants it (disconnect, stop string): blocks freed next step."""
@@ -132,6 +133,11 @@ class MultiplexedRequests:
 
     def _from_model_thread(self, request_id: str, item: RequestOutput | BaseException) -> None:
         self._pending.append((request_id, item))
+        if isinstance(item, BaseException):
+            self._flush()
+
+    def _flush(self) -> None:
+        """From the engine thread: wake the event loop for what is pending."""
         if not self._wake_scheduled:
             self._wake_scheduled = True
             self._loop.call_soon_threadsafe(self._wake)
