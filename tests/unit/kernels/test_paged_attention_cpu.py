@@ -6,6 +6,7 @@ import torch
 
 from sluice.kernels import paged_attention_native as native
 from sluice.kernels.paged_attention_cpu import (
+    NATIVE_PREFILL_MAX_CONTEXT,
     _length_groups,
     head_major_storage,
     transposed_storage,
@@ -91,9 +92,11 @@ def cpu_path(request, monkeypatch):
 @pytest.mark.parametrize("decode_only", [False, True])
 def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, decode_only, cpu_path):
     torch.manual_seed(block_size + heads + kv_heads)
-    head_dim, num_blocks = 32, 64
-    # (tokens already cached, tokens this step): decodes, a fresh prefill, a mid-context chunk.
-    shapes = [(40, 1), (0, 23), (17, 1), (33, 9), (block_size - 1, 1), (0, 1)]
+    head_dim, num_blocks = 32, 160
+    # (tokens already cached, tokens this step): decodes, a fresh prefill, a mid-context
+    # chunk, and a chunk whose context is past NATIVE_PREFILL_MAX_CONTEXT (SDPA's, not the kernel's).
+    shapes = [(40, 1), (0, 23), (17, 1), (33, 9), (block_size - 1, 1), (0, 1),
+              (NATIVE_PREFILL_MAX_CONTEXT - 5, 12)]
     if decode_only:
         # One long context among short ones: gathered in its own length group.
         shapes = [s for s in shapes if s[1] == 1] + [(70, 1), (600, 1)]

@@ -40,9 +40,15 @@ so GQA needs no repeat:
     SDPA -> [kv_heads, S, group, head_dim] -> [S, heads, head_dim]
 
 `index_select` with a flat id list is ~20x faster on CPU than advanced
-indexing with a 2-D index. Prefill chunks (few per step, many tokens each)
-go one sequence at a time through SDPA with a causal mask offset by the
-tokens already cached: there a GEMM-shaped SDPA beats a per-query loop.
+indexing with a 2-D index. Prefill chunks go to the native kernel too while
+their context is short (up to NATIVE_PREFILL_MAX_CONTEXT tokens): it reads
+their blocks in place as it does a decode's, where a gather and an SDPA
+call per sequence cost more than the attention (a 2,048-token step of 16
+prompts of 128: 1.9 against 5.0 ms a layer on two threads of a Zen 4).
+Longer ones go one sequence at a time through SDPA with a causal mask
+offset by the tokens already cached: over thousands of keys a GEMM-shaped
+SDPA beats the kernel's per-query loop (one prompt of 2,048: 23 against 26
+ms).
 """
 
 import torch
@@ -53,6 +59,10 @@ from sluice.kernels.paged_attention_native import paged_attention_native
 
 # Decode sequences up to this many blocks always share one gather (see _length_groups).
 MIN_GROUP_BLOCKS = 8
+# Prefill chunks whose context (cached tokens and the chunk) is at most this
+# long go to the native kernel; longer ones to SDPA (see the module docstring:
+# 512 tokens the kernel wins, 2,048 SDPA, either with a cached prefix).
+NATIVE_PREFILL_MAX_CONTEXT = 1024
 
 
 def head_major_storage(cache: torch.Tensor) -> torch.Tensor | None:
@@ -221,12 +231,16 @@ def paged_attention_cpu(
     lens = seq_lens.tolist()
     q_lens = [b - a for a, b in zip(starts, starts[1:])]
     decode = [i for i, n in enumerate(q_lens) if n == 1]
+    prefill = [i for i, n in enumerate(q_lens) if n > 1]
     out = torch.zeros_like(query)
-    if decode and _use_native(query, key_cache, value_cache):
-        # Decode rows read their blocks in place (no gather, no padding to the longest).
-        paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-                               scale, seq_ids=torch.tensor(decode, dtype=torch.int32), out=out)
+    if _use_native(query, key_cache, value_cache):
+        # Decode rows and short prefills read their blocks in place (no gather, no padding to the longest).
+        native_rows = decode + [i for i in prefill if lens[i] <= NATIVE_PREFILL_MAX_CONTEXT]
+        if native_rows:
+            paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                                   scale, seq_ids=torch.tensor(native_rows, dtype=torch.int32), out=out)
         decode = []
+        prefill = [i for i in prefill if lens[i] > NATIVE_PREFILL_MAX_CONTEXT]
     block_size = key_cache.shape[1]
     groups = _length_groups(decode, lens, block_size)
     if len(groups) == 1 and len(decode) == len(q_lens) and starts[-1] == query.shape[0]:
@@ -239,9 +253,8 @@ def paged_attention_cpu(
             query[rows], key_cache, value_cache, block_tables[index], seq_lens[index].long(),
             max(lens[i] for i in group), scale,
         )
-    for i, q_len in enumerate(q_lens):
-        if q_len > 1:
-            out[starts[i] : starts[i + 1]] = _prefill_one(
-                query[starts[i] : starts[i + 1]], key_cache, value_cache, block_tables[i], lens[i], scale
-            )
+    for i in prefill:
+        out[starts[i] : starts[i + 1]] = _prefill_one(
+            query[starts[i] : starts[i + 1]], key_cache, value_cache, block_tables[i], lens[i], scale
+        )
     return out
