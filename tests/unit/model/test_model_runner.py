@@ -48,6 +48,25 @@ def test_prepare_flattens_the_batch(make_runner):
     assert step.sample_seq_indices == (1, 2)
 
 
+def test_a_decode_step_is_prepared_as_the_general_path_prepares_it(make_runner):
+    runner = make_runner()
+    seqs = (
+        SequenceInput([20], 12, [1, 2, 0, 7], GREEDY),  # position 12: its 4th block (7), slot 0
+        SequenceInput([21], 3, [6], None),              # a decode that samples nothing
+        SequenceInput([22], 7, [9, 8], GREEDY),
+    )
+    fast, general = runner.prepare(ModelInput(seqs)), runner._prepare_any(seqs)
+    for name in ("input_ids", "positions", "logits_indices"):
+        got, expected = getattr(fast, name), getattr(general, name)
+        assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), name
+    for name in ("slot_mapping", "block_tables", "seq_lens", "query_start_loc"):
+        got, expected = getattr(fast.attn, name), getattr(general.attn, name)
+        assert got.dtype == expected.dtype and got.tolist() == expected.tolist(), name
+    assert fast.attn.slot_mapping.tolist() == [28, 27, 35]
+    assert (fast.attn.max_query_len, fast.attn.max_seq_len) == (general.attn.max_query_len, general.attn.max_seq_len)
+    assert fast.sample_seq_indices == general.sample_seq_indices == (0, 2)
+
+
 def test_batch_composition_does_not_change_results(make_runner):
     """A sequence's logits are the same alone or batched with others' chunks."""
     prompt = list(range(5, 18))
