@@ -655,6 +655,31 @@ static int int8_check(const Int8Call *call) {
     return 0;
 }
 
+/* The head and rows as both entry points take them: one tuple,
+ * (hidden, packed, weight_scales, row_sums as pointers, rows, hidden_size,
+ * padded_hidden, vocab, padded_vocab, weight_error_max, weight_norm_max,
+ * isa, bits, threads), checked. 0, or -1 with a Python error set. */
+static int int8_call(PyObject *head, Int8Call *call) {
+    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p;
+    long long rows, hidden_size, padded_hidden, vocab, padded_vocab;
+    int threads;
+    if (!PyArg_ParseTuple(head, "KKKKLLLLLddiii", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &rows,
+                          &hidden_size, &padded_hidden, &vocab, &padded_vocab, &call->weight_error_max,
+                          &call->weight_norm_max, &call->isa, &call->bits, &threads))
+        return -1;
+    call->hidden = (const float *)(uintptr_t)hidden_p;
+    call->packed = (const int8_t *)(uintptr_t)packed_p;
+    call->weight_scales = (const float *)(uintptr_t)weight_scales_p;
+    call->row_sums = (const int32_t *)(uintptr_t)row_sums_p;
+    call->rows = rows;
+    call->hidden_size = hidden_size;
+    call->padded_hidden = padded_hidden;
+    call->vocab = vocab;
+    call->padded_vocab = padded_vocab;
+    call->threads = threads > 0 ? threads : 1;
+    return int8_check(call);
+}
+
 static void int8_quantize(const Int8Call *call, uint8_t *activations, float *row_scales, float *margins) {
     for (int64_t r = 0; r < call->rows; ++r)
         quantize_row(call->hidden + r * call->hidden_size, call->hidden_size, call->padded_hidden, call->bits,
@@ -716,20 +741,15 @@ static void int8_scan(const Int8Call *call, const uint8_t *activations, const fl
 
 static PyObject *int8_head_scores(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, scores_p, margins_p, block_max_p;
-    long long rows, hidden_size, padded_hidden, vocab, padded_vocab, score_stride;
-    double weight_error_max, weight_norm_max;
-    int isa, bits, num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKKLLLLLLddiii", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &scores_p,
-                          &margins_p, &block_max_p, &rows, &hidden_size, &padded_hidden, &vocab, &padded_vocab,
-                          &score_stride, &weight_error_max, &weight_norm_max, &isa, &bits, &num_threads))
+    PyObject *head;
+    unsigned long long scores_p, margins_p, block_max_p;
+    long long score_stride;
+    Int8Call call;
+    if (!PyArg_ParseTuple(args, "O!KKKL", &PyTuple_Type, &head, &scores_p, &margins_p, &block_max_p, &score_stride) ||
+        int8_call(head, &call) < 0)
         return NULL;
-    const Int8Call call = {(const float *)(uintptr_t)hidden_p, (const int8_t *)(uintptr_t)packed_p,
-                           (const float *)(uintptr_t)weight_scales_p, (const int32_t *)(uintptr_t)row_sums_p,
-                           rows, hidden_size, padded_hidden, vocab, padded_vocab, weight_error_max,
-                           weight_norm_max, isa, bits, num_threads > 0 ? num_threads : 1};
-    if (int8_check(&call) < 0) return NULL;
-    if (score_stride < padded_vocab) {
+    const long long rows = call.rows, padded_hidden = call.padded_hidden;
+    if (score_stride < call.padded_vocab) {
         PyErr_SetString(PyExc_ValueError, "bad int8 head shape");
         return NULL;
     }
@@ -792,19 +812,14 @@ static int64_t int8_pick(const Int8Candidates *candidates, int threads, int64_t 
  */
 static PyObject *int8_screened_argmax(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long hidden_p, packed_p, weight_scales_p, row_sums_p, weight_p, out_p;
-    long long rows, hidden_size, padded_hidden, vocab, padded_vocab, max_candidates;
-    double weight_error_max, weight_norm_max;
-    int isa, bits, num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLddiiLi", &hidden_p, &packed_p, &weight_scales_p, &row_sums_p, &weight_p,
-                          &out_p, &rows, &hidden_size, &padded_hidden, &vocab, &padded_vocab, &weight_error_max,
-                          &weight_norm_max, &isa, &bits, &max_candidates, &num_threads))
+    PyObject *head;
+    unsigned long long weight_p, out_p;
+    long long max_candidates;
+    Int8Call call;
+    if (!PyArg_ParseTuple(args, "O!KKL", &PyTuple_Type, &head, &weight_p, &out_p, &max_candidates) ||
+        int8_call(head, &call) < 0)
         return NULL;
-    const Int8Call call = {(const float *)(uintptr_t)hidden_p, (const int8_t *)(uintptr_t)packed_p,
-                           (const float *)(uintptr_t)weight_scales_p, (const int32_t *)(uintptr_t)row_sums_p,
-                           rows, hidden_size, padded_hidden, vocab, padded_vocab, weight_error_max,
-                           weight_norm_max, isa, bits, num_threads > 0 ? num_threads : 1};
-    if (int8_check(&call) < 0) return NULL;
+    const long long rows = call.rows, hidden_size = call.hidden_size, padded_hidden = call.padded_hidden;
     if (max_candidates < 1 || max_candidates > (1 << 20)) {
         PyErr_SetString(PyExc_ValueError, "int8 screened argmax: max_candidates must be in 1..2^20");
         return NULL;
@@ -820,38 +835,33 @@ static PyObject *int8_screened_argmax(PyObject *self, PyObject *args) {
     Int8Candidates *candidates = PyMem_RawMalloc(sizeof(Int8Candidates) * lists);
     int32_t *indices = PyMem_RawMalloc(sizeof(int32_t) * lists * (size_t)capacity);
     float *scores = PyMem_RawMalloc(sizeof(float) * lists * (size_t)capacity);
-    if (activations == NULL || row_scales == NULL || margins == NULL || candidates == NULL || indices == NULL ||
-        scores == NULL) {
-        PyMem_RawFree(activations);
-        PyMem_RawFree(row_scales);
-        PyMem_RawFree(margins);
-        PyMem_RawFree(candidates);
-        PyMem_RawFree(indices);
-        PyMem_RawFree(scores);
-        return PyErr_NoMemory();
-    }
-    const float *weight = (const float *)(uintptr_t)weight_p;
-    int64_t *out = (int64_t *)(uintptr_t)out_p;
-    const Int8Epilogue mode = {.scores = NULL};
-    Py_BEGIN_ALLOW_THREADS
-    int8_quantize(&call, activations, row_scales, margins);
-    for (size_t i = 0; i < lists; ++i) { /* each thread's list of each row */
-        const Int8Candidates empty = {-INFINITY, -INFINITY, 2.0f * margins[i % some_rows], 0, capacity, 0,
-                                      indices + i * (size_t)capacity, scores + i * (size_t)capacity};
-        candidates[i] = empty;
-    }
-    int8_scan(&call, activations, row_scales, &mode, NULL, NULL, candidates);
+    const int allocated = activations != NULL && row_scales != NULL && margins != NULL && candidates != NULL &&
+                          indices != NULL && scores != NULL;
+    if (allocated) {
+        const float *weight = (const float *)(uintptr_t)weight_p;
+        int64_t *out = (int64_t *)(uintptr_t)out_p;
+        const Int8Epilogue mode = {.scores = NULL};
+        Py_BEGIN_ALLOW_THREADS
+        int8_quantize(&call, activations, row_scales, margins);
+        for (size_t i = 0; i < lists; ++i) { /* each thread's list of each row */
+            const Int8Candidates empty = {-INFINITY, -INFINITY, 2.0f * margins[i % some_rows], 0, capacity, 0,
+                                          indices + i * (size_t)capacity, scores + i * (size_t)capacity};
+            candidates[i] = empty;
+        }
+        int8_scan(&call, activations, row_scales, &mode, NULL, NULL, candidates);
 #pragma omp parallel for num_threads(call.threads) if (rows > 1) schedule(static)
-    for (long long r = 0; r < rows; ++r)
-        out[r] = int8_pick(candidates, call.threads, rows, r, margins[r], call.hidden + r * hidden_size, weight,
-                           hidden_size, max_candidates);
-    Py_END_ALLOW_THREADS
+        for (long long r = 0; r < rows; ++r)
+            out[r] = int8_pick(candidates, call.threads, rows, r, margins[r], call.hidden + r * hidden_size, weight,
+                               hidden_size, max_candidates);
+        Py_END_ALLOW_THREADS
+    }
     PyMem_RawFree(activations);
     PyMem_RawFree(row_scales);
     PyMem_RawFree(margins);
     PyMem_RawFree(candidates);
     PyMem_RawFree(indices);
     PyMem_RawFree(scores);
+    if (!allocated) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 

@@ -136,16 +136,20 @@ def int8_head_scores(hidden: torch.Tensor, head: Int8Head, out: torch.Tensor, *,
         raise ValueError(f"int8_head_scores: hidden {tuple(hidden.shape)} {hidden.dtype}, out "
                          f"{tuple(out.shape)} {out.dtype}, head {head.vocab}x{head.hidden}")
     check_block_max(block_max, rows, head.vocab, "int8_head_scores")
-    instruction_set, bits = isa if isa is not None else best_isa()
     hidden = hidden.contiguous()
     margins = torch.empty(rows, dtype=torch.float32)
-    _native.int8_head_scores(hidden.data_ptr(), head.packed.data_ptr(), head.scales.data_ptr(),
-                             head.row_sums.data_ptr(), out.data_ptr(), margins.data_ptr(),
-                             block_max.data_ptr() if block_max is not None else 0, rows, head.hidden,
-                             head.padded_hidden, head.vocab, head.padded_vocab,
-                             out.stride(0) if rows > 1 else head.padded_vocab,
-                             head.error_norm_max, head.norm_max, instruction_set, bits, torch.get_num_threads())
+    _native.int8_head_scores(_native_head(hidden, head, isa), out.data_ptr(), margins.data_ptr(),
+                             block_max.data_ptr() if block_max is not None else 0,
+                             out.stride(0) if rows > 1 else head.padded_vocab)
     return margins
+
+
+def _native_head(hidden: torch.Tensor, head: Int8Head, isa: tuple[int, int] | None) -> tuple:
+    """The kernel's description of one call's rows and head (``int8_call`` in the C)."""
+    instruction_set, bits = isa if isa is not None else best_isa()
+    return (hidden.data_ptr(), head.packed.data_ptr(), head.scales.data_ptr(), head.row_sums.data_ptr(),
+            hidden.shape[0], head.hidden, head.padded_hidden, head.vocab, head.padded_vocab,
+            head.error_norm_max, head.norm_max, instruction_set, bits, torch.get_num_threads())
 
 
 def int8_screened_argmax(hidden: torch.Tensor, head: Int8Head, weight: torch.Tensor, max_candidates: int, *,
@@ -161,12 +165,7 @@ def int8_screened_argmax(hidden: torch.Tensor, head: Int8Head, weight: torch.Ten
             or weight.dtype != torch.float32 or weight.shape != (head.vocab, head.hidden)):
         raise ValueError(f"int8_screened_argmax: hidden {tuple(hidden.shape)} {hidden.dtype}, weight "
                          f"{tuple(weight.shape)} {weight.dtype}, head {head.vocab}x{head.hidden}")
-    instruction_set, bits = isa if isa is not None else best_isa()
     hidden, weight = hidden.contiguous(), weight.contiguous()
     out = torch.empty(hidden.shape[0], dtype=torch.int64)
-    _native.int8_screened_argmax(hidden.data_ptr(), head.packed.data_ptr(), head.scales.data_ptr(),
-                                 head.row_sums.data_ptr(), weight.data_ptr(), out.data_ptr(), hidden.shape[0],
-                                 head.hidden, head.padded_hidden, head.vocab, head.padded_vocab,
-                                 head.error_norm_max, head.norm_max, instruction_set, bits, max_candidates,
-                                 torch.get_num_threads())
+    _native.int8_screened_argmax(_native_head(hidden, head, isa), weight.data_ptr(), out.data_ptr(), max_candidates)
     return out
