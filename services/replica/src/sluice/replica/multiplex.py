@@ -27,7 +27,7 @@ import grpc
 from sluice.engine.plan import RequestOutput
 from sluice.model.config import LlamaConfig
 from sluice.replica.engine_loop import EngineLoop
-from sluice.replica.events import failure_info, token_events
+from sluice.replica.events import add_token_events, failure_info
 from sluice.replica.metrics import ReplicaCounters
 from sluice.replica.request_spans import RequestSpans
 from sluice.replica.requests import engine_request
@@ -101,7 +101,7 @@ class MultiplexedRequests:
         # One request may have several outputs waiting (a slow reader): merge
         # them into one delta, in order, as a single-request stream would.
         waiting: dict[str, list[RequestOutput]] = {}
-        events: list[replica_pb2.RequestEvent] = []
+        batch = replica_pb2.TokenEventBatch()
         while self._pending:
             request_id, item = self._pending.popleft()
             if isinstance(item, RequestOutput):
@@ -112,20 +112,19 @@ class MultiplexedRequests:
             if request_id in self._active or isinstance(item, ErrorInfo):
                 self._active.discard(request_id)
                 self._spans.ended(request_id, failure.reason, failed=True)
-                events.extend(self._token_events(request_id, waiting.pop(request_id, [])))
-                events.append(replica_pb2.RequestEvent(request_id=request_id, failed=request_failed(failure)))
+                self._add_token_events(batch, request_id, waiting.pop(request_id, []))
+                batch.events.add(request_id=request_id, failed=request_failed(failure))
         for request_id, outputs in waiting.items():
             self._spans.produced(request_id, outputs)
-            events.extend(self._token_events(request_id, outputs))
+            self._add_token_events(batch, request_id, outputs)
             if outputs[-1].finished:
                 self._active.discard(request_id)
-        return replica_pb2.TokenEventBatch(events=events)
+        return batch
 
     @staticmethod
-    def _token_events(request_id: str, outputs: list[RequestOutput]) -> list[replica_pb2.RequestEvent]:
-        if not outputs:
-            return []
-        return [replica_pb2.RequestEvent(request_id=request_id, token=event) for event in token_events(outputs)]
+    def _add_token_events(batch: replica_pb2.TokenEventBatch, request_id: str, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            add_token_events(lambda: batch.events.add(request_id=request_id).token, outputs)
 
     def _fail(self, request_id: str, info: ErrorInfo) -> None:
         self._pending.append((request_id, info))
