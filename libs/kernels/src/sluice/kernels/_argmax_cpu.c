@@ -445,6 +445,18 @@ int8_epilogue_avx2(const Int8Epilogue *e, const Int8EpilogueAvx2 *v, int64_t r, 
     _mm256_storeu_ps(m + 8, _mm256_blendv_ps(old1, _mm256_max_ps(score1, old1), v->valid1));
 }
 
+/* The epilogue of four hidden rows' eight accumulators (two per row),
+ * through a buffer the barrier keeps (see SLUICE_KEEP_IN_MEMORY). */
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+int8_epilogue_avx2_rows4(const Int8Epilogue *e, const Int8EpilogueAvx2 *v, int64_t r, const __m256i *s) {
+    int32_t sums[4 * INT8_BLOCK] __attribute__((aligned(32)));
+    for (int i = 0; i < 8; ++i) _mm256_store_si256((__m256i *)(sums + 8 * i), s[i]);
+    SLUICE_KEEP_IN_MEMORY(sums);
+    for (int i = 0; i < 4; ++i)
+        int8_epilogue_avx2(e, v, r + i, _mm256_load_si256((const __m256i *)(sums + 16 * i)),
+                           _mm256_load_si256((const __m256i *)(sums + 16 * i + 8)));
+}
+
 /* AVX2: 4 hidden rows x 16 vocab rows (two ymm of 8 int32 lanes) per pass,
  * eight independent accumulators; vpmaddubsw then vpmaddwd by ones sums
  * each lane's four products. */
@@ -454,7 +466,6 @@ __attribute__((target("avx2,fma"))) static void int8_block_avx2(const uint8_t *a
     const __m256i ones = _mm256_set1_epi16(1);
     const Int8EpilogueAvx2 v = int8_epilogue_avx2_setup(e);
     const int64_t steps = padded_hidden / 4;
-    int32_t sums[4 * INT8_BLOCK] __attribute__((aligned(32)));
     int64_t r = 0;
 #define SLUICE_INT8_AVX2_ROW(A, S0, S1)                                                   \
     {                                                                                     \
@@ -478,11 +489,7 @@ __attribute__((target("avx2,fma"))) static void int8_block_avx2(const uint8_t *a
             SLUICE_INT8_AVX2_ROW(a3, s30, s31)
         }
         const __m256i s[8] = {s00, s01, s10, s11, s20, s21, s30, s31};
-        for (int i = 0; i < 8; ++i) _mm256_store_si256((__m256i *)(sums + 8 * i), s[i]);
-        SLUICE_KEEP_IN_MEMORY(sums);
-        for (int i = 0; i < 4; ++i)
-            int8_epilogue_avx2(e, &v, r + i, _mm256_load_si256((const __m256i *)(sums + 16 * i)),
-                               _mm256_load_si256((const __m256i *)(sums + 16 * i + 8)));
+        int8_epilogue_avx2_rows4(e, &v, r, s);
     }
     for (; r < rows; ++r) {
         const uint8_t *a0 = activations + r * padded_hidden;
@@ -504,7 +511,6 @@ __attribute__((target("avx2,avxvnni"))) static void int8_block_avx_vnni(const ui
                                                                          int64_t rows, const Int8Epilogue *e) {
     const Int8EpilogueAvx2 v = int8_epilogue_avx2_setup(e);
     const int64_t steps = padded_hidden / 4;
-    int32_t sums[4 * INT8_BLOCK] __attribute__((aligned(32)));
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
         __m256i s[8];
@@ -520,11 +526,7 @@ __attribute__((target("avx2,avxvnni"))) static void int8_block_avx_vnni(const ui
                 s[2 * i + 1] = _mm256_dpbusd_avx_epi32(s[2 * i + 1], b, w1);
             }
         }
-        for (int i = 0; i < 8; ++i) _mm256_store_si256((__m256i *)(sums + 8 * i), s[i]);
-        SLUICE_KEEP_IN_MEMORY(sums);
-        for (int i = 0; i < 4; ++i)
-            int8_epilogue_avx2(e, &v, r + i, _mm256_load_si256((const __m256i *)(sums + 16 * i)),
-                               _mm256_load_si256((const __m256i *)(sums + 16 * i + 8)));
+        int8_epilogue_avx2_rows4(e, &v, r, s);
     }
     for (; r < rows; ++r) {
         __m256i s0 = _mm256_setzero_si256(), s1 = s0;
