@@ -54,6 +54,14 @@ log = logging.getLogger(__name__)
 Sink = Callable[[RequestOutput | BaseException], None]
 Flush = Callable[[], None]
 
+
+@dataclass(frozen=True, slots=True)
+class _Receiver:
+    """Where a request's outputs go: its sink, and its submitter's flush if it gave one."""
+
+    sink: Sink
+    flush: Flush | None = None
+
 # Smoothing of the step-time average reported to the scheduler: ~the last
 # 20 steps, so one slow prefill does not look like a slow replica.
 STEP_TIME_EWMA_WEIGHT = 0.05
@@ -122,8 +130,7 @@ class EngineLoop:
         self._clock = clock
         self._commands: deque[Callable[[], None]] = deque()
         self._wake = threading.Condition()
-        self._sinks: dict[str, Sink] = {}
-        self._flushes: dict[str, Flush] = {}  # request id -> its submitter's flush, if it gave one
+        self._receivers: dict[str, _Receiver] = {}
         self._unflushed: dict[Flush, None] = {}  # flushes owed for outputs already sunk, in order
         self._stopping = False
         # A chat was submitted since the loop last took its commands: a step
@@ -208,7 +215,7 @@ class EngineLoop:
                 if in_flight and (not self.overlap or len(in_flight) == 2 or not launched):
                     self._finish(in_flight.popleft())
             except Exception as error:  # a bug in the core must not hang every stream
-                log.exception("engine loop failed; failing %d requests", len(self._sinks))
+                log.exception("engine loop failed; failing %d requests", len(self._receivers))
                 self._drain()
                 self._fail_all(error)
             self.cache_events.record(self._core.blocks.drain_cache_events())
@@ -301,29 +308,30 @@ class EngineLoop:
         self._steps_total += 1
         for output in outputs:
             self._generated_tokens_total += len(output.new_token_ids)
-            sink = self._sinks.get(output.request_id)
-            flush = self._flushes.get(output.request_id)
+            receiver = self._receivers.get(output.request_id)
             if output.finished:
-                self._sinks.pop(output.request_id, None)
-                self._flushes.pop(output.request_id, None)
+                self._receivers.pop(output.request_id, None)
                 self._executor.forget(output.request_id)
-            if sink is not None:
-                sink(output)
-                if flush is not None:
-                    self._unflushed[flush] = None
+            if receiver is not None:
+                self._send(receiver, output)
         if self.overlap:
             self._flush()  # the next step already runs on the model thread
 
+    def _send(self, receiver: _Receiver, item: RequestOutput | BaseException) -> None:
+        """Sink `item`; its flush is owed until the next `_flush`."""
+        receiver.sink(item)
+        if receiver.flush is not None:
+            self._unflushed[receiver.flush] = None
+
     def _flush(self) -> None:
         """Call each flush owed for the outputs sunk since the last call."""
-        while self._unflushed:
-            flushes = list(self._unflushed)
-            self._unflushed.clear()
-            for flush in flushes:
-                flush()
+        flushes = list(self._unflushed)
+        self._unflushed.clear()
+        for flush in flushes:
+            flush()
 
     def _fail_all(self, error: BaseException) -> None:
-        for request_id in list(self._sinks):
+        for request_id in list(self._receivers):
             self._fail(request_id, error)
 
     def _fail(self, request_id: str, error: BaseException) -> None:
@@ -331,12 +339,9 @@ class EngineLoop:
         self._core.cancel(request_id)
         self._executor.forget(request_id)
         self.metrics.forget(request_id)
-        sink = self._sinks.pop(request_id, None)
-        flush = self._flushes.pop(request_id, None)
-        if sink is not None:
-            sink(error)
-            if flush is not None:
-                self._unflushed[flush] = None
+        receiver = self._receivers.pop(request_id, None)
+        if receiver is not None:
+            self._send(receiver, error)
             self._flush()  # a failure goes at once
 
     def _add(self, request: EngineRequest, sink: Sink, flush: Flush | None = None) -> None:
@@ -344,20 +349,16 @@ class EngineLoop:
         try:
             self._core.add(request, now_s)  # the clock schedule() runs on
         except ValueError as error:
-            sink(error)
-            if flush is not None:
-                flush()
+            self._send(_Receiver(sink, flush), error)
+            self._flush()  # a refusal goes at once
             return
-        self._sinks[request.request_id] = sink
-        if flush is not None:
-            self._flushes[request.request_id] = flush
+        self._receivers[request.request_id] = _Receiver(sink, flush)
         self.metrics.arrived(request, now_s)
 
     def _cancel(self, request_id: str) -> None:
         if self._core.cancel(request_id):
             self._executor.forget(request_id)
-        self._sinks.pop(request_id, None)
-        self._flushes.pop(request_id, None)
+        self._receivers.pop(request_id, None)
         self.metrics.ended(request_id, self._clock())
 
     def _chat_waits(self) -> bool:
