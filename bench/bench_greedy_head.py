@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_harness import cpu_model  # noqa: E402
 
 from sluice.kernels import int8_head  # noqa: E402
-from sluice.kernels.argmax import argmax_rows, screen_blocks, screened_argmax  # noqa: E402
-from sluice.kernels.int8_head import ISA_NAMES, int8_head_scores, pack_int8_head  # noqa: E402
+from sluice.kernels.argmax import argmax_rows  # noqa: E402
+from sluice.kernels.int8_head import ISA_NAMES, int8_head_scores, int8_screened_argmax, pack_int8_head  # noqa: E402
 from sluice.model.cpu_linear import PackedLinear  # noqa: E402
 from sluice.model.greedy_head import MAX_CANDIDATES, ScreenedHead, screen_available  # noqa: E402
 
@@ -48,14 +48,12 @@ def ms_per_call(call: Callable[[], object]) -> float:
 
 
 def int8_call(head: ScreenedHead, hidden: torch.Tensor, isa: tuple[int, int]) -> Callable[[], torch.Tensor]:
-    """The int8 screen on one instruction set (ScreenedHead's path, with the set pinned)."""
+    """The int8 screen on one instruction set (ScreenedHead's path, the
+    one-pass int8_screened_argmax, with the set pinned)."""
     packed = pack_int8_head(head.weight.detach())
-    scores = torch.empty(hidden.shape[0], packed.padded_vocab)
-    block_max = torch.empty(hidden.shape[0], screen_blocks(VOCAB))
 
     def call() -> torch.Tensor:
-        margins = int8_head_scores(hidden, packed, scores, isa=isa, block_max=block_max)
-        tokens = screened_argmax(scores[:, :VOCAB], margins, hidden, head.weight.detach(), MAX_CANDIDATES, block_max)
+        tokens = int8_screened_argmax(hidden, packed, head.weight.detach(), MAX_CANDIDATES, isa=isa)
         unresolved = (tokens < 0).nonzero().flatten()
         if unresolved.numel():
             tokens[unresolved] = argmax_rows(head(hidden[unresolved]))
