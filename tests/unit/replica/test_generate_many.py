@@ -219,7 +219,8 @@ async def test_outputs_waiting_for_a_slow_reader_leave_as_one_delta_per_request(
     engine.sinks["a"](output("a", [2]))
     engine.sinks["a"](output("a", [3], FinishReason.LENGTH, produced=3))
     engine.sinks["b"](ValueError("cannot fit"))
-    batch = await requests.next_batch()  # the failure woke the reader at once
+    engine.flushes["b"]()  # the engine loop flushes a failure at once
+    batch = await requests.next_batch()
     events = [(e.request_id, e.WhichOneof("event")) for e in batch.events]
     assert events == [("b", "token"), ("b", "failed"), ("a", "token"), ("a", "token")]
     assert list(batch.events[0].token.tokens.token_ids) == [7]

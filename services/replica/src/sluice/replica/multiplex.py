@@ -13,7 +13,7 @@ outputs of every request on the call are gathered and leave together:
 The wake-up is coalesced: however many requests a step served, the event
 loop is woken once (the engine loop calls the flush after the step's last
 sink, see sluice.replica.engine_loop), and a reader that falls behind gets
-everything waiting in one message. A failure wakes it at once.
+everything waiting in one message. The engine loop flushes a failure at once.
 """
 
 from __future__ import annotations
@@ -131,9 +131,7 @@ class MultiplexedRequests:
         self._wake()
 
     def _from_model_thread(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        self._pending.append((request_id, item))
-        if isinstance(item, BaseException):
-            self._flush()
+        self._pending.append((request_id, item))  # the engine loop's flush wakes the reader
 
     def _flush(self) -> None:
         """From the engine thread: wake the event loop for what is pending."""
