@@ -18,11 +18,37 @@ from sluice.model.cpu_linear import onednn_linear_available
 pytestmark = pytest.mark.skipif(not onednn_linear_available(torch.float32), reason="this torch has no oneDNN")
 
 
-def test_the_probe_times_each_distinct_shape_both_ways():
+def test_the_probe_times_each_distinct_shape_every_way():
     shapes = [LinearShape(32, 64, False), LinearShape(32, 64, False), LinearShape(64, 16, True)]
     timings = probe_linears(shapes, rows=4, trials=1, min_time_s=0.001)
     assert set(timings) == {"32x64", "64x16+bias"}
-    assert all(set(t) == {"torch", "onednn"} and min(t.values()) > 0 for t in timings.values())
+    assert all(set(t) == {"torch", "onednn", "transposed"} and min(t.values()) > 0 for t in timings.values())
+
+
+def test_auto_takes_the_fastest_of_all_three_per_shape(make_config, tmp_path, monkeypatch):
+    model = LlamaModel(make_config()).eval()
+
+    def fake_probe(shapes, **_):
+        # transposed fastest for square shapes, oneDNN for wide ones, F.linear for narrow ones
+        def timing(s):
+            if s.out_features == s.in_features:
+                return {"torch": 1.0, "onednn": 0.9, "transposed": 0.8}
+            if s.out_features > s.in_features:
+                return {"torch": 1.0, "onednn": 0.5, "transposed": 0.7}
+            return {"torch": 0.5, "onednn": 0.9, "transposed": 0.6}
+        return {s.key: timing(s) for s in shapes}
+
+    monkeypatch.setattr(cpu_fast_path, "probe_linears", fake_probe)
+    choice = choose_linears(model, "auto", cache_dir=tmp_path)
+    for name, linear in model_linears(model).items():
+        square, wide = linear.out_features == linear.in_features, linear.out_features > linear.in_features
+        assert choice[name] == ("transposed" if square else "onednn" if wide else "torch"), name
+
+
+def test_forced_modes_choose_one_implementation_everywhere(make_config):
+    model = LlamaModel(make_config()).eval()
+    for mode in ("torch", "onednn", "transposed"):
+        assert set(choose_linears(model, mode).values()) == {mode}
 
 
 def test_auto_takes_the_faster_per_shape_and_caches_the_probe(make_config, tmp_path, monkeypatch):

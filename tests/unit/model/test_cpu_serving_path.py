@@ -29,23 +29,24 @@ GREEDY = SampleRequest(SamplingParams(temperature=0.0))
 BLOCK = 4
 
 
-def runners(config, layout=KVLayout.HEAD_MAJOR) -> tuple[ModelRunner, ModelRunner]:
+def runners(config, layout=KVLayout.HEAD_MAJOR, linears="onednn") -> tuple[ModelRunner, ModelRunner]:
     torch.manual_seed(0)
     plain = LlamaModel(config, reference_attention).eval()
     serving = LlamaModel(config, cpu_attention).eval()
     serving.load_state_dict(plain.state_dict())
-    apply_cpu_fast_path(serving, choose_linears(serving, "onednn"))
+    apply_cpu_fast_path(serving, choose_linears(serving, linears))
     return (
         ModelRunner(plain, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu")),
         ModelRunner(serving, allocate_kv_caches(config, 32, BLOCK, torch.float32, "cpu", layout=layout)),
     )
 
 
+@pytest.mark.parametrize("linears", ["onednn", "transposed"])
 @pytest.mark.parametrize("layout", [KVLayout.HEAD_MAJOR, KVLayout.HEAD_MAJOR_TRANSPOSED_KEYS,
                                     KVLayout.BLOCK_INTERLEAVED])
-def test_serving_path_matches_plain_path(make_config, layout):
+def test_serving_path_matches_plain_path(make_config, layout, linears):
     config = make_config()
-    plain, serving = runners(config, layout)
+    plain, serving = runners(config, layout, linears)
     assert serving.kv_caches[0].layout is layout
     g = torch.Generator().manual_seed(1)
     a = torch.randint(3, config.vocab_size, (11,), generator=g).tolist()
@@ -67,17 +68,22 @@ def test_serving_path_matches_plain_path(make_config, layout):
         torch.testing.assert_close(ours.key_cache, theirs.key_cache, atol=1e-5, rtol=0)
 
 
-@pytest.mark.skipif(not onednn_linear_available(torch.float32), reason="this torch has no oneDNN")
-def test_the_fast_path_swaps_modules_and_keeps_names_parameters_and_ties(make_config):
+@pytest.mark.parametrize("linears", [
+    pytest.param("onednn", marks=pytest.mark.skipif(not onednn_linear_available(torch.float32),
+                                                    reason="this torch has no oneDNN")),
+    "transposed",
+])
+def test_the_fast_path_swaps_modules_and_keeps_names_parameters_and_ties(make_config, linears):
     config = make_config(tie_word_embeddings=True)
     torch.manual_seed(0)
     model = LlamaModel(config).eval()
     names = sorted(model_linears(model))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     embedding = model.embed_tokens.weight
-    apply_cpu_fast_path(model, choose_linears(model, "onednn"))
+    apply_cpu_fast_path(model, choose_linears(model, linears))
     assert model_linears(model) == {}  # every nn.Linear swapped
-    assert all(isinstance(model.get_submodule(name), PackedLinear) for name in names)
+    assert all(isinstance(model.get_submodule(name), PackedLinear) and model.get_submodule(name).layout == linears
+               for name in names)
     after = model.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
     assert model.lm_head.weight is embedding  # still tied

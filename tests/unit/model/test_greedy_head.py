@@ -189,13 +189,14 @@ def test_auto_takes_the_fastest_screen_only_where_it_beats_the_full_head(make_co
     assert choose_linears(model, "auto")[LM_HEAD] == "torch"
     monkeypatch.setattr(cpu_fast_path, "probe_linears", probe())  # no screen at all
     assert choose_linears(model, "auto")[LM_HEAD] == "torch"
-    for forced in ("torch", "onednn"):
+    for forced in ("torch", "onednn", "transposed"):
         assert not any(impl.startswith("screened") for impl in choose_linears(model, forced).values())
 
 
 def test_the_probe_times_the_greedy_head_each_way_this_cpu_runs():
     shape = cpu_fast_path.LinearShape(64, 4000, False)
     timings = cpu_fast_path.probe_linears([shape], rows=8, trials=1, min_time_s=0.001, head=shape)
-    assert set(timings[shape.key]) == {"torch", "onednn", "greedy_full", *(f"greedy_{k}" for k in available_screens())}
+    assert set(timings[shape.key]) == {"torch", "onednn", "transposed", "greedy_full",
+                                       *(f"greedy_{k}" for k in available_screens())}
     assert "greedy_int8" in timings[shape.key]
     assert min(timings[shape.key].values()) > 0

@@ -1,16 +1,19 @@
 """The model's CPU fast path, chosen on the machine and applied from outside.
 
 Which implementation of a linear layer is fastest depends on the CPU (MKL's
-generic path on AMD, oneDNN's kernels chosen by instruction set), on the
-layer's shape and on the thread count, so a choice tuned on one machine is
-wrong on the next. `choose_linears` times each distinct layer shape both
-ways on this machine (`probe_linears`: a decode-sized batch, a few
-repetitions, best of three) and `apply_cpu_fast_path` swaps the faster one
-in, module by module, the way gpt-fast applies quantization: llama.py keeps
-one forward path and never knows.
+generic path on AMD, oneDNN's kernels chosen by instruction set, MKL's
+transposed operand slower than a plain one on Intel), on the layer's shape
+and on the thread count, so a choice tuned on one machine is wrong on the
+next. `choose_linears` times each distinct layer shape every way on this
+machine (`probe_linears`: ``F.linear``, and PackedLinear with each weight
+layout; a decode-sized batch, a few repetitions, best of three) and
+`apply_cpu_fast_path` swaps the fastest in, module by module, the way
+gpt-fast applies quantization: llama.py keeps one forward path and never
+knows.
 
     load_llama ──▶ LlamaModel (nn.Linear everywhere)
-                    │ choose_linears(model, "auto", cache)   # {module name: "onednn" | "torch" | "screened_*"}
+                    │ choose_linears(model, "auto", cache)   # {module name: "torch" | "onednn" | "transposed"
+                    │                                        #   | "screened_*"}
                     ▼ apply_cpu_fast_path(model, choice)    # nn.Linear -> PackedLinear where faster,
                    the same model, same state_dict          #   the LM head -> ScreenedHead where faster
 
@@ -45,16 +48,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from sluice.kernels.argmax import argmax_rows, native_build_digest
-from sluice.model.cpu_linear import PackedLinear, onednn_linear_available
+from sluice.model.cpu_linear import WEIGHT_LAYOUTS, PackedLinear, onednn_linear_available
 from sluice.model.greedy_head import SCREEN_KINDS, ScreenedHead, ScreenKind, available_screens
 
 log = logging.getLogger(__name__)
 
-LinearImpl = Literal["torch", "onednn", "screened_bf16", "screened_int8"]
+LinearImpl = Literal["torch", "onednn", "transposed", "screened_bf16", "screened_int8"]
 # The module that computes the logits, the one a screen may replace.
 LM_HEAD = "lm_head"
 # "auto": measure (or read this machine's cached measurement); the others force one.
-CPU_LINEAR_MODES = ("auto", "onednn", "torch")
+CPU_LINEAR_MODES = ("auto", "onednn", "transposed", "torch")
 
 # Rows per probe call: a decode batch of the CPU default's order (64 of
 # max_num_seqs 128), which is what most steps run; prefill chunks are
@@ -97,7 +100,8 @@ def _seconds_per_call(call, min_time_s: float) -> float:
 
 def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, trials: int = PROBE_TRIALS,
                   min_time_s: float = PROBE_MIN_TIME_S, head: LinearShape | None = None) -> dict[str, dict[str, float]]:
-    """Seconds per call of each shape, {shape key: {"torch": s, "onednn": s}},
+    """Seconds per call of each shape, {shape key: {"torch": s, "transposed": s,
+    "onednn": s}} (each implementation this torch has, `linear_impls`),
     float32 on this machine's CPU with torch's current thread count. With
     `head` (the LM head's shape, no bias) and a screen available, its entry
     also has "greedy_full" (the faster full head, then argmax) and
@@ -109,19 +113,27 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
         if shape.key in timings:
             continue
         linear = nn.Linear(shape.in_features, shape.out_features, bias=shape.bias).requires_grad_(False)
-        packed = PackedLinear(linear)
+        modules = {impl: linear if impl == "torch" else PackedLinear(linear, layout=impl) for impl in linear_impls()}
         x = torch.randn(rows, shape.in_features, generator=generator)  # [rows, in]
-        impls = {"torch": lambda: F.linear(x, linear.weight, linear.bias), "onednn": lambda: packed(x)}
-        timings[shape.key] = _best_times(impls, trials, min_time_s)
+        timings[shape.key] = _best_times({impl: partial(module, x) for impl, module in modules.items()},
+                                         trials, min_time_s)
         screens = available_screens() if shape == head else ()
         if screens:
-            full = packed if _faster(timings[shape.key]) == "onednn" else linear
+            full = modules[_faster(timings[shape.key])]
             normed = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # [rows, in], RMS 1
             greedy = {"greedy_full": lambda: argmax_rows(full(normed)),
                       **{f"greedy_{kind}": partial(ScreenedHead(linear, screen=kind).greedy_token_ids, normed)
                          for kind in screens}}
             timings[shape.key].update(_best_times(greedy, trials, min_time_s))
     return timings
+
+
+def linear_impls() -> tuple[LinearImpl, ...]:
+    """The implementations of a float32 CPU linear this torch has: ``F.linear``
+    and PackedLinear's layouts (oneDNN's only where torch has it)."""
+    layouts = tuple(layout for layout in WEIGHT_LAYOUTS
+                    if layout != "onednn" or onednn_linear_available(torch.float32))
+    return ("torch", *layouts)
 
 
 def _best_times(impls: Mapping[str, Callable[[], object]], trials: int, min_time_s: float) -> dict[str, float]:
@@ -141,7 +153,8 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
     except OSError:
         model_name = platform.processor() or platform.machine()
     facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
-             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"screens={','.join(available_screens())}",
+             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"impls={','.join(linear_impls())}",
+             f"screens={','.join(available_screens())}",
              f"kernels={native_build_digest()}"]  # a rebuilt kernel may time differently
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
@@ -149,17 +162,17 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
 def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | None = None) -> dict[str, LinearImpl]:
     """{linear module name: implementation} for a float32 model on CPU.
 
-    mode "torch" or "onednn" forces one (onednn only where torch has it);
-    "auto" takes, per distinct shape, whichever this machine's probe found
-    faster, and for the LM head the fastest screen where it beat the full head,
-    reading and writing the probe in `cache_dir` when given."""
+    mode "torch", "onednn" or "transposed" forces one (onednn only where
+    torch has it, else torch); "auto" takes, per distinct shape, whichever
+    this machine's probe found fastest, and for the LM head the fastest
+    screen where it beat the full head, reading and writing the probe in
+    `cache_dir` when given."""
     if mode not in CPU_LINEAR_MODES:
         raise ValueError(f"cpu linear mode {mode!r}: expected one of {', '.join(CPU_LINEAR_MODES)}")
     linears = model_linears(model)
-    if mode == "torch" or not onednn_linear_available(torch.float32):
-        return {name: "torch" for name in linears}
-    if mode == "onednn":
-        return {name: "onednn" for name in linears}
+    if mode != "auto":
+        forced: LinearImpl = mode if mode in linear_impls() else "torch"  # type: ignore[assignment]
+        return {name: forced for name in linears}
     shapes = [_shape(linear) for linear in linears.values()]
     head = linears.get(LM_HEAD)
     head_shape = _shape(head) if head is not None and head.bias is None else None
@@ -172,7 +185,9 @@ def choose_linears(model: nn.Module, mode: str = "auto", *, cache_dir: Path | No
 
 
 def _faster(timing: Mapping[str, float]) -> LinearImpl:
-    return "onednn" if timing["onednn"] < timing["torch"] else "torch"
+    """The fastest of the implementations timed (ties to the earlier in `linear_impls`' order)."""
+    timed = [impl for impl in linear_impls() if impl in timing]
+    return min(timed, key=lambda impl: timing[impl])
 
 
 def _fastest_screen(timing: Mapping[str, float]) -> ScreenKind | None:
@@ -197,7 +212,7 @@ def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
     started = time.perf_counter()
     timings = probe_linears(shapes, head=head)
     log.info("probed CPU linears in %.2f s: %s", time.perf_counter() - started,
-             ", ".join(f"{key} {_faster(t)} ({t['torch'] / t['onednn']:.2f}x)" for key, t in timings.items()))
+             ", ".join(f"{key} {_faster(t)} ({t['torch'] / t[_faster(t)]:.2f}x)" for key, t in timings.items()))
     if head is not None and "greedy_full" in timings[head.key]:
         log.info("greedy LM head %s: %s", head.key,
                  ", ".join(f"{name.removeprefix('greedy_')} {seconds * 1e3:.2f} ms"
@@ -214,8 +229,9 @@ def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
 
 
 def apply_cpu_fast_path(model: nn.Module, choice: Mapping[str, LinearImpl]) -> nn.Module:
-    """Swap each nn.Linear chosen "onednn" for a PackedLinear, and one chosen
-    "screened_<kind>" for a ScreenedHead with that screen, over the same Parameters; the model's
+    """Swap each nn.Linear chosen "onednn" or "transposed" for a PackedLinear
+    with that weight layout, and one chosen "screened_<kind>" for a
+    ScreenedHead with that screen, over the same Parameters; the model's
     names, state_dict and forward are unchanged."""
     for name, impl in choice.items():
         if impl == "torch":
@@ -225,5 +241,6 @@ def apply_cpu_fast_path(model: nn.Module, choice: Mapping[str, LinearImpl]) -> n
         linear = getattr(parent, child)
         if type(linear) is nn.Linear:
             kind = impl.removeprefix("screened_")
-            setattr(parent, child, ScreenedHead(linear, screen=kind) if kind in SCREEN_KINDS else PackedLinear(linear))
+            setattr(parent, child, ScreenedHead(linear, screen=kind) if kind in SCREEN_KINDS
+                    else PackedLinear(linear, layout=impl))  # type: ignore[arg-type]
     return model

@@ -128,11 +128,12 @@ class ReplicaSettings(SluiceSettings):
         "its own; none = by device (DEVICE_DEFAULTS)"
     )
     # Which linear implementation float32 on CPU runs, per layer shape:
-    # "auto" times MKL (torch's F.linear) against oneDNN packed weights on
-    # this machine at start-up (under a second for a small model) and keeps
-    # the answer in cpu_probe_cache_dir for the next start on the same
-    # machine; "onednn"/"torch" force one (sluice.model.cpu_fast_path).
-    cpu_linears: Literal["auto", "onednn", "torch"] = "auto"
+    # "auto" times MKL (torch's F.linear), MKL on a weight stored transposed
+    # and oneDNN packed weights on this machine at start-up (under a second
+    # for a small model) and keeps the answer in cpu_probe_cache_dir for the
+    # next start on the same machine; "onednn"/"transposed"/"torch" force
+    # one (sluice.model.cpu_fast_path).
+    cpu_linears: Literal["auto", "onednn", "transposed", "torch"] = "auto"
     cpu_probe_cache_dir: str = Field(default_factory=lambda: str(Path.home() / ".cache" / "sluice"),
                                      description="where the CPU linear probe is cached ('' = never)")
     # The model thread and the event loop (gRPC, each step's token batch)
