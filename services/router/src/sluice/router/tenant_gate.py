@@ -1,8 +1,8 @@
 """At most a few of one tenant's prompts of one service class are tokenized
 at once.
 
-Tokenizing and hashing run on the event loop's shared thread pool, first
-come first served. A tenant that sends 64 long prompts at once would
+Tokenizing and hashing a long prompt run on the event loop's shared thread
+pool, first come first served (a short one on the loop: sluice.router.relay). A tenant that sends 64 long prompts at once would
 otherwise queue 64 jobs there, and another tenant's short chat would wait
 behind every one of them before the scheduler even hears of it (measured:
 ~100 ms of a quiet tenant's TTFT under such a burst). With this gate the
