@@ -7,6 +7,7 @@ import torch
 from sluice.kernels import paged_attention_native as native
 from sluice.kernels.paged_attention_cpu import (
     NATIVE_PREFILL_MAX_CONTEXT,
+    StepRows,
     _length_groups,
     head_major_storage,
     transposed_storage,
@@ -128,6 +129,27 @@ def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, dec
     expected = paged_attention(query, key_cache, value_cache, block_tables, lens, query_start_loc, head_dim**-0.5)
     got = paged_attention_cpu(query, ours_k, ours_v, block_tables, lens, query_start_loc, head_dim**-0.5)
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    # The split derived once and kept for every layer of the step, as the model's CPU backend keeps it.
+    rows = StepRows.of(block_tables, lens, query_start_loc)
+    for _ in range(2):
+        kept = paged_attention_cpu(query, ours_k, ours_v, block_tables, lens, query_start_loc, head_dim**-0.5, rows)
+        torch.testing.assert_close(kept, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_query_rows_past_the_last_sequence_come_back_zero(layout, cpu_path):
+    # A padded batch: two decodes, then rows no sequence owns.
+    torch.manual_seed(3)
+    block_size, heads, kv_heads, head_dim = 16, 8, 4, 32
+    key_cache, value_cache = torch.randn(8, block_size, kv_heads, head_dim), torch.randn(8, block_size, kv_heads, head_dim)
+    ours_k, ours_v = as_layouts(key_cache, value_cache, layout)
+    block_tables = torch.tensor([[1, 2], [5, 0]], dtype=torch.int32)
+    lens, query_start_loc = torch.tensor([20, 7], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
+    query = torch.randn(5, heads, head_dim)
+    expected = paged_attention(query, key_cache, value_cache, block_tables, lens, query_start_loc, 0.2)
+    got = paged_attention_cpu(query, ours_k, ours_v, block_tables, lens, query_start_loc, 0.2)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    assert not got[2:].any()
 
 
 def test_decode_length_groups_bound_padding():

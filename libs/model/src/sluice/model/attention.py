@@ -8,14 +8,14 @@ Triton backend can be passed to ``LlamaModel`` on CUDA.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
 from sluice.kernels import paged_attention, write_kv
 from sluice.kernels import paged_attention_native
-from sluice.kernels.paged_attention_cpu import paged_attention_cpu, write_kv_cpu
+from sluice.kernels.paged_attention_cpu import StepRows, paged_attention_cpu, write_kv_cpu
 from sluice.model.kv_cache import KVCache, KVLayout
 
 
@@ -29,6 +29,9 @@ class AttentionMetadata:
     query_start_loc: [num_seqs + 1] int32, cumulative query counts from 0
     max_query_len, max_seq_len: host ints, so kernels can size their launch
     grid without a device-to-host sync.
+    derived:         what a backend derives from the above, kept by the
+                     first layer for the others (every layer reads the same
+                     metadata); the backend names its own keys.
     """
 
     slot_mapping: torch.Tensor
@@ -37,6 +40,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -91,6 +95,9 @@ def cpu_attention(
     """The CPU serving backend: write K/V, then vectorised paged attention.
     Any KV layout; ``preferred_kv_layout`` names the fast one."""
     write_kv_cpu(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
+    rows = attn.derived.get("cpu_step_rows")
+    if rows is None:  # the step's first layer
+        rows = attn.derived["cpu_step_rows"] = StepRows.of(attn.block_tables, attn.seq_lens, attn.query_start_loc)
     return paged_attention_cpu(
         query,
         kv_cache.key_cache,
@@ -99,6 +106,7 @@ def cpu_attention(
         attn.seq_lens,
         attn.query_start_loc,
         scale,
+        rows,
     )
 
 
