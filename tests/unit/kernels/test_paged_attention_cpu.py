@@ -130,7 +130,7 @@ def test_ragged_batch_matches_reference(block_size, heads, kv_heads, layout, dec
     got = paged_attention_cpu(query, ours_k, ours_v, block_tables, lens, query_start_loc, head_dim**-0.5)
     torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
     # The split derived once and kept for every layer of the step, as the model's CPU backend keeps it.
-    rows = StepRows.of(block_tables, lens, query_start_loc)
+    rows = StepRows.of(lens, query_start_loc)
     for _ in range(2):
         kept = paged_attention_cpu(query, ours_k, ours_v, block_tables, lens, query_start_loc, head_dim**-0.5, rows)
         torch.testing.assert_close(kept, expected, atol=ATOL, rtol=0)

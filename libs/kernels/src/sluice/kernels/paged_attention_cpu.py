@@ -228,21 +228,16 @@ class StepRows:
     decode: list[int]  # sequences with one query token
     prefill: list[int]  # sequences with more
     native_ids: torch.Tensor  # int32: the rows the native kernel computes (decodes, short prefills)
-    seq_lens: torch.Tensor  # int32, contiguous: what the native kernel reads
-    query_start_loc: torch.Tensor
-    block_tables: torch.Tensor
 
     @classmethod
-    def of(cls, block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> "StepRows":
+    def of(cls, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> "StepRows":
         starts = query_start_loc.tolist()  # on CPU these syncs are free
         lens = seq_lens.tolist()
         q_lens = [b - a for a, b in zip(starts, starts[1:])]
         decode = [i for i, n in enumerate(q_lens) if n == 1]
         prefill = [i for i, n in enumerate(q_lens) if n > 1]
         native_ids = decode + [i for i in prefill if lens[i] <= NATIVE_PREFILL_MAX_CONTEXT]
-        return cls(starts, lens, decode, prefill, torch.tensor(native_ids, dtype=torch.int32),
-                   seq_lens.to(torch.int32).contiguous(), query_start_loc.to(torch.int32).contiguous(),
-                   block_tables.to(torch.int32).contiguous())
+        return cls(starts, lens, decode, prefill, torch.tensor(native_ids, dtype=torch.int32))
 
 
 def paged_attention_cpu(
@@ -253,13 +248,13 @@ def paged_attention_cpu(
     seq_lens: torch.Tensor,  # [num_seqs] context incl. this step
     query_start_loc: torch.Tensor,  # [num_seqs + 1]
     scale: float,
-    rows: StepRows | None = None,  # StepRows.of these three, when the caller keeps it
+    rows: StepRows | None = None,  # StepRows.of(seq_lens, query_start_loc), when the caller keeps it
 ) -> torch.Tensor:
     """Same contract as `paged_attention_reference.paged_attention`."""
     assert query.dim() == 3 and key_cache.dim() == 4 and key_cache.shape == value_cache.shape
     assert query.shape[1] % key_cache.shape[2] == 0, "query heads must be a multiple of KV heads"
     assert query.device.type == "cpu", "the CPU kernel runs on CPU tensors"
-    rows = rows or StepRows.of(block_tables, seq_lens, query_start_loc)
+    rows = rows or StepRows.of(seq_lens, query_start_loc)
     starts, lens, decode, prefill = rows.starts, rows.lens, rows.decode, rows.prefill
     if _use_native(query, key_cache, value_cache):
         # Decode rows and short prefills read their blocks in place (no gather, no padding to the longest).
@@ -268,8 +263,8 @@ def paged_attention_cpu(
         whole = len(native_ids) == len(lens) and starts[-1] == query.shape[0]
         out = torch.empty_like(query) if whole else torch.zeros_like(query)
         if len(native_ids):
-            paged_attention_native(query, key_cache, value_cache, rows.block_tables, rows.seq_lens,
-                                   rows.query_start_loc, scale, seq_ids=native_ids, out=out)
+            paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+                                   scale, seq_ids=native_ids, out=out)
         prefill = [i for i in prefill if lens[i] > NATIVE_PREFILL_MAX_CONTEXT]
         if not prefill:
             return out

@@ -97,7 +97,7 @@ def cpu_attention(
     write_kv_cpu(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
     rows = attn.derived.get("cpu_step_rows")
     if rows is None:  # the step's first layer
-        rows = attn.derived["cpu_step_rows"] = StepRows.of(attn.block_tables, attn.seq_lens, attn.query_start_loc)
+        rows = attn.derived["cpu_step_rows"] = StepRows.of(attn.seq_lens, attn.query_start_loc)
     return paged_attention_cpu(
         query,
         kv_cache.key_cache,

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sluice.kernels.argmax import argmax_rows, native_build_digest

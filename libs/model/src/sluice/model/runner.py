@@ -189,11 +189,7 @@ class ModelRunner:
         num_tokens = int(query_start_loc[-1])
         seq_lens = starts + q_lens  # [S]
 
-        max_blocks = max(len(s.block_table) for s in seqs)
-        # One tensor from padded rows: a row-by-row copy costs a tensor per sequence.
-        block_tables = torch.tensor(
-            [[*s.block_table, *[0] * (max_blocks - len(s.block_table))] for s in seqs], dtype=torch.int32
-        )  # [S, max_blocks], rows padded with 0
+        block_tables = _padded_block_tables(seqs)  # [S, max_blocks]
 
         input_ids = torch.tensor(list(chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.int64)
         seq_of_token = torch.repeat_interleave(torch.arange(len(seqs)), q_lens)  # [T]
@@ -230,10 +226,7 @@ class ModelRunner:
         of the time."""
         bs = self.block_size
         positions = [s.start_position for s in seqs]
-        max_blocks = max(len(s.block_table) for s in seqs)
-        block_tables = torch.tensor(
-            [[*s.block_table, *[0] * (max_blocks - len(s.block_table))] for s in seqs], dtype=torch.int32
-        )  # [S, max_blocks], rows padded with 0
+        block_tables = _padded_block_tables(seqs)  # [S, max_blocks]
         sample_seq_indices = tuple(i for i, s in enumerate(seqs) if s.sample is not None)
         dev = self.device
         attn = AttentionMetadata(
@@ -289,3 +282,11 @@ class ModelRunner:
                 raise ValueError(f"sequence {i}: block id outside [0, {self.num_blocks})")
             if min(s.token_ids) < 0 or max(s.token_ids) >= vocab:
                 raise ValueError(f"sequence {i}: token id outside [0, {vocab})")
+
+
+def _padded_block_tables(seqs: Sequence[SequenceInput]) -> torch.Tensor:
+    """int32 [S, max_blocks]: each sequence's block table, rows padded with 0.
+    One tensor from padded rows: a row-by-row copy costs a tensor per sequence."""
+    max_blocks = max(len(s.block_table) for s in seqs)
+    return torch.tensor([[*s.block_table, *[0] * (max_blocks - len(s.block_table))] for s in seqs],
+                        dtype=torch.int32)
