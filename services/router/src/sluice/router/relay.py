@@ -38,8 +38,8 @@ from sluice.rpc.errors import ServiceError
 from sluice.telemetry import spans
 from sluice.telemetry.carrier import inject_trace_context, trace_headers
 from sluice.tokenization.detokenizer import IncrementalDetokenizer
-from sluice.tokenization.tokenizer import GIL_FREE_ENCODE_MIN_CHARS
 from sluice.tokenization.stop_strings import StopStringMatcher
+from sluice.tokenization.tokenizer import GIL_FREE_ENCODE_MIN_CHARS
 from sluice.v1 import common_pb2, replica_pb2, router_pb2, scheduler_pb2
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,10 @@ def prompt_chars(request: router_pb2.GenerateRequest) -> int:
 # Prompts shorter than this are tokenized on the event loop. Their encode
 # holds the GIL throughout (sluice.tokenization.tokenizer), and so does the
 # chat template, so a thread would not free the loop for a moment of it;
-# the hop there and back would only add its own cost (~0.1 ms of CPU and a
-# wake-up of the loop a request, measured ~24% of the router's CPU under
-# 64 streams of 128-token chats, where tokenizing one takes ~0.16 ms).
+# the hop there and back (and the tenant gate's turn) would only add its
+# own cost: an executor job and a wake-up of the loop a request, beside
+# ~0.16 ms to tokenize a 128-token chat (a saving within the whole stack's
+# noise, measured).
 INLINE_TOKENIZE_MAX_CHARS = GIL_FREE_ENCODE_MIN_CHARS
 
 

@@ -2,10 +2,11 @@
 at once.
 
 Tokenizing and hashing a long prompt run on the event loop's shared thread
-pool, first come first served (a short one on the loop: sluice.router.relay). A tenant that sends 64 long prompts at once would
-otherwise queue 64 jobs there, and another tenant's short chat would wait
-behind every one of them before the scheduler even hears of it (measured:
-~100 ms of a quiet tenant's TTFT under such a burst). With this gate the
+pool, first come first served (a short one on the loop: sluice.router.relay).
+A tenant that sends 64 long prompts at once would otherwise queue 64 jobs
+there, and another tenant's short chat would wait behind every one of them
+before the scheduler even hears of it (measured: ~100 ms of a quiet
+tenant's TTFT under such a burst). With this gate the
 flood waits on its own semaphore, in its own order, and the others find
 the pool at most `per_tenant` of its jobs deep. Each class has its own
 lane: a tenant's batch (flex) burst never holds back its own interactive
