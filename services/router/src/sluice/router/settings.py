@@ -38,7 +38,9 @@ class RouterSettings(SluiceSettings):
         16, ge=1, description="block size the prompt's prefix hashes are computed at (the replicas' block size)"
     )
     tokenize_per_tenant: int = Field(
-        DEFAULT_PER_TENANT, ge=1, description="one tenant's prompts tokenized at once (the rest wait their turn, not the others')"
+        DEFAULT_PER_TENANT, ge=1,
+        description="one tenant's long prompts (2,048 characters or more) tokenized at once (the rest wait their "
+        "turn, not the others'); shorter ones are tokenized on the event loop",
     )
     # See cache_scope.py: by default no tenant's request hits another's
     # cached prefix (a hit is visible as a faster first token).
