@@ -20,7 +20,7 @@ def test_small_steps_settle_on_the_arm_measured_faster(faster):
     choice = SmallStepThreads(max_step_tokens=256, all_threads=2)
     slower = 3 - faster
     ran = run(choice, {faster: 0.5e-3, slower: 0.8e-3}, steps=400)
-    assert choice.preferred_threads == faster
+    assert choice.preferred_threads(64) == faster
     # Past the first steps, the other arm only in short spells of exploration.
     assert ran[100:].count(slower) <= len(ran[100:]) * (choice.explore_steps / choice.explore_every) + 4
     assert ran[:40].count(slower) >= choice.min_samples  # both arms were measured early
@@ -29,10 +29,28 @@ def test_small_steps_settle_on_the_arm_measured_faster(faster):
 def test_a_change_in_the_machine_is_noticed():
     choice = SmallStepThreads(max_step_tokens=256, all_threads=2)
     run(choice, {1: 0.5e-3, 2: 0.8e-3}, steps=300)
-    assert choice.preferred_threads == 1
+    assert choice.preferred_threads(64) == 1
     # The other cores free up: all threads get faster than one.
     run(choice, {1: 0.5e-3, 2: 0.3e-3}, steps=300)
-    assert choice.preferred_threads == 2
+    assert choice.preferred_threads(64) == 2
+
+
+def test_each_size_of_step_is_judged_on_steps_of_its_size():
+    """One-token steps cost far more per token than 64-decode steps on
+    either arm: a warm-up of them on one arm must not decide for the
+    decodes that follow (it did, for a whole benchmark run, when every size
+    shared one average per arm)."""
+    choice = SmallStepThreads(max_step_tokens=256, all_threads=2)
+    # Warm-up: single-token steps, where one thread is the faster (a 2-thread
+    # region's start-up is most of such a step).
+    run(choice, {1: 2.0e-3, 2: 4.0e-3}, steps=40, tokens=1)
+    assert choice.preferred_threads(1) == 1
+    # Then decodes of 64, where two threads are faster: settled within the
+    # first spells, not after hundreds of steps.
+    ran = run(choice, {1: 0.17e-3, 2: 0.14e-3}, steps=60, tokens=64)
+    assert choice.preferred_threads(64) == 2
+    assert ran[-20:].count(2) >= 20 - choice.explore_steps
+    assert choice.preferred_threads(1) == 1  # the single-token steps keep their own answer
 
 
 def test_large_steps_run_on_all_threads_and_are_not_measured():

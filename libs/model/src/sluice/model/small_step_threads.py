@@ -10,9 +10,10 @@ a busy stack one thread won on an AVX-512 Xeon (whose greedy head is a
 short bf16 screen) and two on an AVX2 EPYC (whose head is one long GEMM).
 
 So the runner measures in place: it runs small steps on the arm that has
-been faster per token lately, and every `explore_every` small steps runs a
-few on the other arm, so a change in the machine's load is noticed. Pure:
-the caller times its steps and reports them.
+been faster per token lately for steps of their size, and every
+`explore_every` such steps runs a few on the other arm, so a change in the
+machine's load is noticed. Pure: the caller times its steps and reports
+them.
 """
 
 from dataclasses import dataclass, field
@@ -37,63 +38,91 @@ class _Arm:
         self.samples += 1
 
 
+def size_class(num_tokens: int) -> int:
+    """Steps compared with each other: within a power of two of tokens.
+
+    A step's time per token falls steeply with its size (a one-token
+    step's fixed cost is all its own; 64 decodes share theirs), so an arm
+    judged on every size at once is judged on which sizes it happened to
+    run: an arm explored during a warm-up of one-token steps looked ~20x
+    slower per token than the other arm running 64-decode steps, and kept
+    that name for hundreds of steps (the whole of a benchmark run)."""
+    return num_tokens.bit_length()
+
+
+@dataclass(slots=True)
+class _SizeClass:
+    """The two arms' times for steps of one size class, and which one runs them."""
+
+    arms: tuple[_Arm, _Arm]
+    current: int = 0  # index into arms: 0 = one thread
+    since_explore: int = 0
+    exploring_left: int = 0
+
+
 @dataclass(slots=True)
 class SmallStepThreads:
     """Chooses between one thread and `all_threads` for steps of at most
-    `max_step_tokens` tokens; larger steps always run on all."""
+    `max_step_tokens` tokens, per size class (see `size_class`); larger
+    steps always run on all."""
 
     max_step_tokens: int
     all_threads: int
-    explore_every: int = 64  # small steps between two spells on the other arm
+    explore_every: int = 64  # a size class's steps between two spells on its other arm
     explore_steps: int = 4   # steps in such a spell
     min_samples: int = 8     # an arm is not judged on fewer steps
-    _arms: tuple[_Arm, _Arm] = field(init=False)
-    _current: int = 0        # index into _arms: 0 = one thread
-    _since_explore: int = 0
-    _exploring_left: int = 0
+    _classes: dict[int, _SizeClass] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_step_tokens < 0 or self.all_threads < 1:
             raise ValueError("max_step_tokens must be >= 0 and all_threads >= 1")
-        self._arms = (_Arm(1), _Arm(self.all_threads))
 
     @property
     def choosing(self) -> bool:
         """Whether there is a choice to make: small steps exist and there is more than one thread."""
         return self.max_step_tokens > 0 and self.all_threads > 1
 
-    @property
-    def preferred_threads(self) -> int:
-        """The arm small steps run on outside exploration."""
-        return self._arms[self._current].threads
+    def preferred_threads(self, num_tokens: int) -> int:
+        """The arm steps of `num_tokens` run on outside exploration."""
+        if not self.choosing or num_tokens > self.max_step_tokens:
+            return self.all_threads
+        size = self._classes.get(size_class(num_tokens))
+        return 1 if size is None or size.current == 0 else self.all_threads
 
     def threads_for(self, num_tokens: int) -> int:
         """Threads for the next step of `num_tokens`; report its time with `observe`."""
-        if not self.choosing or num_tokens > self.max_step_tokens:
+        if not self.choosing or num_tokens > self.max_step_tokens or num_tokens <= 0:
             return self.all_threads
-        if self._exploring_left:
-            return self._arms[1 - self._current].threads
-        return self._arms[self._current].threads
+        size = self._size(num_tokens)
+        arm = 1 - size.current if size.exploring_left else size.current
+        return size.arms[arm].threads
 
     def observe(self, threads: int, num_tokens: int, seconds: float) -> None:
         """A step of `num_tokens` ran on `threads` in `seconds` (its wall time)."""
         if not self.choosing or num_tokens > self.max_step_tokens or num_tokens <= 0:
             return
-        arm = self._arms[0] if threads == 1 else self._arms[1]
-        arm.observe(seconds / num_tokens)
-        self._decide()
-        if self._exploring_left:
-            self._exploring_left -= 1
+        size = self._size(num_tokens)
+        size.arms[0 if threads == 1 else 1].observe(seconds / num_tokens)
+        self._decide(size)
+        if size.exploring_left:
+            size.exploring_left -= 1
             return
-        self._since_explore += 1
-        other = self._arms[1 - self._current]
+        size.since_explore += 1
+        other = size.arms[1 - size.current]
         # Early on, until the other arm has enough steps, and then now and again.
-        if other.samples < self.min_samples or self._since_explore >= self.explore_every:
-            self._since_explore = 0
-            self._exploring_left = self.explore_steps
+        if other.samples < self.min_samples or size.since_explore >= self.explore_every:
+            size.since_explore = 0
+            size.exploring_left = self.explore_steps
 
-    def _decide(self) -> None:
-        one, many = self._arms
+    def _size(self, num_tokens: int) -> _SizeClass:
+        key = size_class(num_tokens)
+        size = self._classes.get(key)
+        if size is None:
+            size = self._classes[key] = _SizeClass((_Arm(1), _Arm(self.all_threads)))
+        return size
+
+    def _decide(self, size: _SizeClass) -> None:
+        one, many = size.arms
         if one.samples < self.min_samples or many.samples < self.min_samples:
             return
-        self._current = 0 if one.seconds_per_token <= many.seconds_per_token else 1
+        size.current = 0 if one.seconds_per_token <= many.seconds_per_token else 1
