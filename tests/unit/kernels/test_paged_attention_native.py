@@ -77,6 +77,43 @@ def test_odd_head_dim_takes_the_generic_loop(layout):
     torch.testing.assert_close(call(b, layout), reference(b), atol=ATOL, rtol=0)
 
 
+# Prefills and chunks whose tiles of query rows straddle block edges, end
+# short, and see different numbers of keys (the tiled path).
+CHUNKS = [(37, 37), (70, 13), (45, 9), (16, 3), (129, 2)]
+
+
+@pytest.mark.parametrize("layout", ["transposed_keys", "interleaved"])
+@pytest.mark.parametrize(("head_dim", "num_heads", "num_kv_heads"), [
+    (16, 4, 4),   # one vector a row: the values one vector at a time
+    (48, 8, 1),   # eight query heads a KV head, an odd number of vectors a row
+    (32, 16, 1),  # more query heads than a tile's rows
+    (128, 4, 2),  # values in four passes of two vectors
+])
+def test_chunks_of_any_group_and_head_size_match_reference(layout, head_dim, num_heads, num_kv_heads):
+    b = paged_batch(CHUNKS, 16, num_heads, num_kv_heads, head_dim, seed=head_dim + num_heads)
+    torch.testing.assert_close(call(b, layout), reference(b), atol=ATOL, rtol=0)
+
+
+def test_a_nan_key_reaches_only_the_rows_of_a_chunk_that_see_it():
+    # A chunk's query rows see more keys the later they are. A corrupt key
+    # (the last of the context) must make exactly the rows that see it NaN:
+    # the rows before it in the same tile of rows must not take it in, not
+    # even as a zero weight times NaN.
+    b = paged_batch([(40, 12)], 16, 4, 2, 32, seed=8)
+    key_cache, value_cache = b["key_cache"].clone(), b["value_cache"].clone()
+    block, slot = int(b["block_tables"][0, 39 // 16]), 39 % 16
+    for corrupt_keys in (True, False):
+        corrupt = dict(b)
+        cache = key_cache if corrupt_keys else value_cache
+        cache[block, slot] = float("nan")
+        corrupt["key_cache" if corrupt_keys else "value_cache"] = cache.clone()
+        cache[block, slot] = b["key_cache" if corrupt_keys else "value_cache"][block, slot]
+        for layout in ("transposed_keys", "interleaved"):
+            out = call(corrupt, layout)
+            assert bool(out[-1].isnan().all()), (corrupt_keys, layout)  # the last query sees position 39
+            torch.testing.assert_close(out[:-1], reference(b)[:-1], atol=ATOL, rtol=0)
+
+
 def test_seq_ids_compute_only_those_rows():
     b = paged_batch(RAGGED, 16, 8, 4, 32, seed=5)
     out = torch.full_like(b["query"], 7.0)
