@@ -9,6 +9,7 @@ from sluice.kernels.paged_attention_cpu import (
     NATIVE_PREFILL_MAX_CONTEXT,
     StepRows,
     _length_groups,
+    native_prefill_max_context,
     head_major_storage,
     transposed_storage,
     paged_attention_cpu,
@@ -157,3 +158,22 @@ def test_decode_length_groups_bound_padding():
     groups = _length_groups(list(lens), [lens[i] for i in range(6)], block_size=16)
     assert groups == [[2, 0, 3], [4], [5, 1]]
     assert sorted(i for g in groups for i in g) == list(range(6))
+
+
+@pytest.mark.parametrize(("layout", "block_size", "head_dim", "tiled"), [
+    ("interleaved", 16, 32, True),   # the CPU default
+    ("transposed", 16, 128, True),
+    ("interleaved", 32, 32, False),  # 32-slot blocks: the row-at-a-time loop
+    ("interleaved", 16, 24, False),  # a head size the tiles are not written for
+    ("block_major", 16, 32, False),  # keys in rows
+    ("head_major", 16, 64, False),
+])
+def test_long_prefills_go_to_the_native_kernel_where_it_tiles_them(layout, block_size, head_dim, tiled):
+    keys, values = as_layouts(torch.zeros(4, block_size, 2, head_dim), torch.zeros(4, block_size, 2, head_dim), layout)
+    assert native.tiles_chunks(keys) == tiled
+    # A decode, a short prefill and one past the row loop's context limit.
+    seq_lens = torch.tensor([40, 23, NATIVE_PREFILL_MAX_CONTEXT + 7], dtype=torch.int32)
+    query_start_loc = torch.tensor([0, 1, 24, 36], dtype=torch.int32)
+    rows = StepRows.of(seq_lens, query_start_loc, native_prefill_max_context(keys))
+    assert rows.native_ids.tolist() == ([0, 1, 2] if tiled else [0, 1])
+    assert rows.sdpa_prefill == ([] if tiled else [2])

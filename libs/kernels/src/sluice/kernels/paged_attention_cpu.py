@@ -40,15 +40,18 @@ so GQA needs no repeat:
     SDPA -> [kv_heads, S, group, head_dim] -> [S, heads, head_dim]
 
 `index_select` with a flat id list is ~20x faster on CPU than advanced
-indexing with a 2-D index. Prefill chunks go to the native kernel too while
-their context is short (up to NATIVE_PREFILL_MAX_CONTEXT tokens): it reads
+indexing with a 2-D index. Prefill chunks go to the native kernel too: it reads
 their blocks in place as it does a decode's, where a gather and an SDPA
 call per sequence cost more than the attention (a 2,048-token step of 16
 prompts of 128: 1.9 against 5.0 ms a layer on two threads of a Zen 4).
-Longer ones go one sequence at a time through SDPA with a causal mask
-offset by the tokens already cached: over thousands of keys a GEMM-shaped
-SDPA beats the kernel's per-query loop (one prompt of 2,048: 23 against 26
-ms).
+Where the kernel tiles them (`paged_attention_native.tiles_chunks`: the
+CPU default cache) at any context: one thread of a Zen 5, one prompt of
+2,048 tokens 15.6 against SDPA's 36.3 ms a layer, 512 on a cached 1,536
+6.7 against 17.7, 256 on 3,840 8.4 against 17.4. Elsewhere only up to
+NATIVE_PREFILL_MAX_CONTEXT tokens of context; longer ones go one sequence
+at a time through SDPA with a causal mask offset by the tokens already
+cached, which over thousands of keys beats the kernel's per-query loop
+(one prompt of 2,048: 23 against 26 ms on a Zen 4).
 """
 
 from dataclasses import dataclass
@@ -61,9 +64,10 @@ from sluice.kernels.paged_attention_native import paged_attention_native
 
 # Decode sequences up to this many blocks always share one gather (see _length_groups).
 MIN_GROUP_BLOCKS = 8
-# Prefill chunks whose context (cached tokens and the chunk) is at most this
-# long go to the native kernel; longer ones to SDPA (see the module docstring:
-# 512 tokens the kernel wins, 2,048 SDPA, either with a cached prefix).
+# Where the native kernel does not tile chunks (native.tiles_chunks), prefill
+# chunks whose context (cached tokens and the chunk) is at most this long go
+# to it; longer ones to SDPA (see the module docstring: 512 tokens the
+# kernel's row-at-a-time loop wins, 2,048 SDPA, either with a cached prefix).
 NATIVE_PREFILL_MAX_CONTEXT = 1024
 
 
@@ -227,17 +231,29 @@ class StepRows:
     lens: list[int]  # seq_lens
     decode: list[int]  # sequences with one query token
     prefill: list[int]  # sequences with more
-    native_ids: torch.Tensor  # int32: the rows the native kernel computes (decodes, short prefills)
+    native_ids: torch.Tensor  # int32: the rows the native kernel computes (decodes, prefills it takes)
+    sdpa_prefill: list[int]  # prefills past the native kernel's context limit: SDPA's, where it runs
 
     @classmethod
-    def of(cls, seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> "StepRows":
+    def of(cls, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+           native_max_context: int | None = NATIVE_PREFILL_MAX_CONTEXT) -> "StepRows":
+        """`native_max_context`: the longest context of a prefill the native
+        kernel takes (`native_prefill_max_context` of the cache; None: any)."""
         starts = query_start_loc.tolist()  # on CPU these syncs are free
         lens = seq_lens.tolist()
         q_lens = [b - a for a, b in zip(starts, starts[1:])]
         decode = [i for i, n in enumerate(q_lens) if n == 1]
         prefill = [i for i, n in enumerate(q_lens) if n > 1]
-        native_ids = decode + [i for i in prefill if lens[i] <= NATIVE_PREFILL_MAX_CONTEXT]
-        return cls(starts, lens, decode, prefill, torch.tensor(native_ids, dtype=torch.int32))
+        limit = native_max_context
+        sdpa_prefill = [] if limit is None else [i for i in prefill if lens[i] > limit]
+        native_ids = decode + [i for i in prefill if limit is None or lens[i] <= limit]
+        return cls(starts, lens, decode, prefill, torch.tensor(native_ids, dtype=torch.int32), sdpa_prefill)
+
+
+def native_prefill_max_context(key_cache: torch.Tensor) -> int | None:
+    """The longest context of a prefill chunk the native kernel takes from
+    this cache: any where it tiles chunks, else NATIVE_PREFILL_MAX_CONTEXT."""
+    return None if native.tiles_chunks(key_cache) else NATIVE_PREFILL_MAX_CONTEXT
 
 
 def paged_attention_cpu(
@@ -248,16 +264,16 @@ def paged_attention_cpu(
     seq_lens: torch.Tensor,  # [num_seqs] context incl. this step
     query_start_loc: torch.Tensor,  # [num_seqs + 1]
     scale: float,
-    rows: StepRows | None = None,  # StepRows.of(seq_lens, query_start_loc), when the caller keeps it
+    rows: StepRows | None = None,  # StepRows.of(...) for this cache, when the caller keeps it
 ) -> torch.Tensor:
     """Same contract as `paged_attention_reference.paged_attention`."""
     assert query.dim() == 3 and key_cache.dim() == 4 and key_cache.shape == value_cache.shape
     assert query.shape[1] % key_cache.shape[2] == 0, "query heads must be a multiple of KV heads"
     assert query.device.type == "cpu", "the CPU kernel runs on CPU tensors"
-    rows = rows or StepRows.of(seq_lens, query_start_loc)
+    rows = rows or StepRows.of(seq_lens, query_start_loc, native_prefill_max_context(key_cache))
     starts, lens, decode, prefill = rows.starts, rows.lens, rows.decode, rows.prefill
     if _use_native(query, key_cache, value_cache):
-        # Decode rows and short prefills read their blocks in place (no gather, no padding to the longest).
+        # Decode rows and the prefills it takes read their blocks in place (no gather, no padding).
         native_ids = rows.native_ids
         # Every row the kernel computes is written whole: zeros only where others are left.
         whole = len(native_ids) == len(lens) and starts[-1] == query.shape[0]
@@ -265,7 +281,7 @@ def paged_attention_cpu(
         if len(native_ids):
             paged_attention_native(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
                                    scale, seq_ids=native_ids, out=out)
-        prefill = [i for i in prefill if lens[i] > NATIVE_PREFILL_MAX_CONTEXT]
+        prefill = rows.sdpa_prefill
         if not prefill:
             return out
         decode = []

@@ -36,6 +36,17 @@ def supports_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     )
 
 
+def tiles_chunks(key_cache: torch.Tensor) -> bool:
+    """Whether the kernel runs a cache's prefills and chunks in tiles of
+    query rows (``attend_tiled_d`` in the C source, which checks the same):
+    transposed keys in 16-slot blocks, head_dim a multiple of 16 up to 128.
+    Tiled, it beats a gather and SDPA at any context; the row-at-a-time loop
+    other caches get only at short ones."""
+    head_dim = key_cache.shape[3]
+    return (key_cache.stride(1) == 1 and key_cache.shape[1] == 16 and head_dim % 16 == 0
+            and head_dim <= 128)
+
+
 def paged_attention_native(
     query: torch.Tensor,  # [num_tokens, heads, head_dim] float32
     key_cache: torch.Tensor,  # logical [num_blocks, block_size, kv_heads, head_dim] float32

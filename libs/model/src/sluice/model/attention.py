@@ -15,7 +15,7 @@ import torch
 
 from sluice.kernels import paged_attention, write_kv
 from sluice.kernels import paged_attention_native
-from sluice.kernels.paged_attention_cpu import StepRows, paged_attention_cpu, write_kv_cpu
+from sluice.kernels.paged_attention_cpu import StepRows, native_prefill_max_context, paged_attention_cpu, write_kv_cpu
 from sluice.model.kv_cache import KVCache, KVLayout
 
 
@@ -97,7 +97,8 @@ def cpu_attention(
     write_kv_cpu(key, value, kv_cache.key_cache, kv_cache.value_cache, attn.slot_mapping)
     rows = attn.derived.get("cpu_step_rows")
     if rows is None:  # the step's first layer
-        rows = attn.derived["cpu_step_rows"] = StepRows.of(attn.seq_lens, attn.query_start_loc)
+        rows = attn.derived["cpu_step_rows"] = StepRows.of(
+            attn.seq_lens, attn.query_start_loc, native_prefill_max_context(kv_cache.key_cache))
     return paged_attention_cpu(
         query,
         kv_cache.key_cache,
