@@ -191,3 +191,39 @@ def test_write_kv_refuses_slots_outside_the_cache():
     with pytest.raises(ValueError, match="slot outside"):  # the good slot before it is not written either
         write_kv_native(two_rows, two_rows, cache, cache.clone(), torch.tensor([3, 4 * 16]))
     assert not cache.any()
+
+
+@pytest.mark.parametrize("layout", ["block_major", "interleaved"])
+def test_column_slices_of_a_fused_projection_are_read_where_they_lie(layout):
+    # A step's q, k and v are column slices of one [tokens, (heads + 2 kv_heads) * head_dim]
+    # projection: rows a token stride apart, heads and head_dim dense within a token.
+    from sluice.kernels.paged_attention_native import token_rows, write_kv_native
+    from sluice.kernels.paged_attention_reference import write_kv
+
+    b = paged_batch(RAGGED, 16, 8, 4, 32, seed=9)
+    num_tokens, heads, head_dim = b["query"].shape
+    kv_heads = b["key_cache"].shape[2]
+    fused = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim)
+    q = fused[:, : heads * head_dim].view(num_tokens, heads, head_dim)
+    k = fused[:, heads * head_dim : (heads + kv_heads) * head_dim].view(num_tokens, kv_heads, head_dim)
+    v = fused[:, (heads + kv_heads) * head_dim :].view(num_tokens, kv_heads, head_dim)
+    for rows in (q, k, v):
+        assert not rows.is_contiguous() and token_rows(rows).data_ptr() == rows.data_ptr()  # no copy
+    assert token_rows(q.transpose(1, 2).contiguous().transpose(1, 2)).is_contiguous()  # heads not dense: copied
+    b["query"] = q
+    num_blocks = b["key_cache"].shape[0]
+    slots = torch.randperm(num_blocks * 16)[:num_tokens]
+    expected = dict(b, query=q.contiguous())
+    write_kv(k.contiguous(), v.contiguous(), expected["key_cache"], expected["value_cache"], slots)
+    if layout == "interleaved":
+        keys, values = interleaved_kv(num_blocks, 16, kv_heads, head_dim, torch.float32, "cpu")
+        keys.copy_(b["key_cache"])
+        values.copy_(b["value_cache"])
+    else:
+        keys, values = b["key_cache"].clone(), b["value_cache"].clone()
+    write_kv_native(k, v, keys, values, slots)
+    torch.testing.assert_close(keys, expected["key_cache"], atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(values, expected["value_cache"], atol=0, rtol=0, equal_nan=True)
+    got = paged_attention_native(q, keys, values, b["block_tables"], b["seq_lens"], b["query_start_loc"],
+                                 head_dim**-0.5)
+    torch.testing.assert_close(got, reference(expected), atol=ATOL, rtol=0)

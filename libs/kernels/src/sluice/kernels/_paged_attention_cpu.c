@@ -61,6 +61,7 @@ typedef struct {
     int64_t k_stride_block, k_stride_slot, k_stride_head, k_stride_d;
     int64_t v_stride_block, v_stride_slot, v_stride_head;
     float scale;
+    int64_t q_stride_token; /* floats between two tokens' query rows (heads and head_dim dense within one) */
     int prefetch_blocks; /* see prefetch_block */
 } PagedArgs;
 
@@ -233,7 +234,7 @@ static inline __attribute__((always_inline)) void attend_one_d(const PagedArgs *
         const int64_t visible = seq_len - q_len + i + 1; /* keys 0 .. position */
         const int64_t num_blocks = (visible + bs - 1) / bs;
         const int64_t row = num_blocks * bs; /* a query head's scores, padded to whole blocks */
-        const float *q = a->query + ((q_begin + i) * a->num_heads + kv_head * G) * D;
+        const float *q = a->query + (q_begin + i) * a->q_stride_token + kv_head * G * D;
         float *o = a->out + ((q_begin + i) * a->num_heads + kv_head * G) * D;
 
         /* Scores. One query head at a time, so its q stays in registers
@@ -344,7 +345,7 @@ static inline __attribute__((always_inline)) void attend_tiled_d(const PagedArgs
         for (int64_t r = 0; r < TILE_ROWS; ++r) {
             const int64_t f = f0 + (r < rows ? r : rows - 1), i = f / G, g = f % G;
             visible[r] = seq_len - q_len + i + 1;
-            q_row[r] = a->query + ((q_begin + i) * a->num_heads + kv_head * G + g) * D;
+            q_row[r] = a->query + (q_begin + i) * a->q_stride_token + (kv_head * G + g) * D;
             o_row[r] = a->out + ((q_begin + i) * a->num_heads + kv_head * G + g) * D;
         }
         const int64_t visible_min = visible[0], visible_max = visible[rows - 1];
@@ -516,15 +517,16 @@ static PyObject *paged_attention_f32(PyObject *self, PyObject *args) {
     PagedArgs a;
     long long num_seqs, num_tokens, num_blocks;
     int num_threads;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLL(LLLL)(LLL)fiLLL", &query, &key_cache, &value_cache, &block_tables,
+    if (!PyArg_ParseTuple(args, "KKKKKKKKLLLLLLL(LLLL)(LLL)fiLLL", &query, &key_cache, &value_cache, &block_tables,
                           &seq_lens, &query_start_loc, &seq_ids, &out, &a.num_work_seqs, &a.num_heads,
-                          &a.num_kv_heads, &a.head_dim, &a.block_size, &a.max_blocks, &a.k_stride_block,
-                          &a.k_stride_slot, &a.k_stride_head, &a.k_stride_d, &a.v_stride_block, &a.v_stride_slot,
-                          &a.v_stride_head, &a.scale, &num_threads, &num_seqs, &num_tokens, &num_blocks))
+                          &a.num_kv_heads, &a.head_dim, &a.block_size, &a.max_blocks, &a.q_stride_token,
+                          &a.k_stride_block, &a.k_stride_slot, &a.k_stride_head, &a.k_stride_d, &a.v_stride_block,
+                          &a.v_stride_slot, &a.v_stride_head, &a.scale, &num_threads, &num_seqs, &num_tokens,
+                          &num_blocks))
         return NULL;
     a.prefetch_blocks = a.k_stride_head > a.k_stride_block;
     if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads != 0 || a.head_dim <= 0 || a.block_size <= 0 ||
-        !(a.k_stride_d == 1 || a.k_stride_slot == 1)) {
+        !(a.k_stride_d == 1 || a.k_stride_slot == 1) || a.q_stride_token < a.num_heads * a.head_dim) {
         PyErr_SetString(PyExc_ValueError, "bad attention shape");
         return NULL;
     }
@@ -553,12 +555,16 @@ static PyObject *paged_attention_f32(PyObject *self, PyObject *args) {
 static PyObject *write_kv_f32(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long key, value, key_cache, value_cache, slots;
-    long long num_tokens, kv_heads, head_dim, block_size, num_blocks;
+    long long num_tokens, kv_heads, head_dim, block_size, num_blocks, key_stride_token, value_stride_token;
     long long ksb, kss, ksh, ksd, vsb, vss, vsh;
-    if (!PyArg_ParseTuple(args, "KKKKKLLLL(LLLL)(LLL)L", &key, &value, &key_cache, &value_cache, &slots,
-                          &num_tokens, &kv_heads, &head_dim, &block_size, &ksb, &kss, &ksh, &ksd, &vsb, &vss,
-                          &vsh, &num_blocks))
+    if (!PyArg_ParseTuple(args, "KKKKKLLLLLL(LLLL)(LLL)L", &key, &value, &key_cache, &value_cache, &slots,
+                          &num_tokens, &kv_heads, &head_dim, &block_size, &key_stride_token, &value_stride_token,
+                          &ksb, &kss, &ksh, &ksd, &vsb, &vss, &vsh, &num_blocks))
         return NULL;
+    if (key_stride_token < kv_heads * head_dim || value_stride_token < kv_heads * head_dim) {
+        PyErr_SetString(PyExc_ValueError, "K/V rows overlap: a token stride below kv_heads * head_dim");
+        return NULL;
+    }
     for (long long t = 0; t < num_tokens; ++t) /* every slot checked before any is written */
         if (((const int64_t *)(uintptr_t)slots)[t] >= num_blocks * block_size) {
             PyErr_Format(PyExc_ValueError, "slot outside the cache's %lld slots", num_blocks * block_size);
@@ -572,7 +578,8 @@ static PyObject *write_kv_f32(PyObject *self, PyObject *args) {
         if (slot[t] < 0) continue; /* padding */
         const long long block = slot[t] / block_size, offset = slot[t] % block_size;
         for (long long h = 0; h < kv_heads; ++h) {
-            const float *src_k = k + (t * kv_heads + h) * head_dim, *src_v = v + (t * kv_heads + h) * head_dim;
+            const float *src_k = k + t * key_stride_token + h * head_dim;
+            const float *src_v = v + t * value_stride_token + h * head_dim;
             float *dst_k = kc + block * ksb + offset * kss + h * ksh;
             float *dst_v = vc + block * vsb + offset * vss + h * vsh;
             for (long long d = 0; d < head_dim; ++d) dst_k[d * ksd] = src_k[d];
