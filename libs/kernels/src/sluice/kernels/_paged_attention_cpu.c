@@ -216,6 +216,20 @@ static inline __attribute__((always_inline)) void weighted_values16(const PagedA
     }
 }
 
+/* s[0..n) <- exp(s[j] - max s), the softmax's weights unnormalised; returns 1 / their sum
+ * (the output is divided once, not every weight). */
+static inline __attribute__((always_inline)) float softmax_weights(float *s, int64_t n) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] = exp_nonpositive(s[j] - m);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < n; ++j) sum += s[j];
+    return 1.0f / sum;
+}
+
 /* One (sequence, KV head): all its query tokens and the G query heads of the group.
  * scores: scratch of G * seq_len floats, each row padded to whole blocks. D is a parameter so that the
  * common head sizes get loops of constant length (see attend_one). */
@@ -254,18 +268,7 @@ static inline __attribute__((always_inline)) void attend_one_d(const PagedArgs *
         }
         /* Softmax weights per query head, unnormalised (the sum divides the output). */
         float inv_sum[G];
-        for (int64_t g = 0; g < G; ++g) {
-            float *s = scores + g * row;
-            float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-            for (int64_t j = 0; j < visible; ++j) m = s[j] > m ? s[j] : m;
-#pragma omp simd
-            for (int64_t j = 0; j < visible; ++j) s[j] = exp_nonpositive(s[j] - m);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < visible; ++j) sum += s[j];
-            inv_sum[g] = 1.0f / sum;
-        }
+        for (int64_t g = 0; g < G; ++g) inv_sum[g] = softmax_weights(scores + g * row, visible);
         /* Weighted sum of values, accumulated in registers per query head. */
         for (int64_t g = 0; g < G; ++g) {
             const float *s = scores + g * row;
@@ -325,6 +328,24 @@ static inline __attribute__((always_inline)) void attend_one_d(const PagedArgs *
  * 128 (the caller checks); `scores` holds TILE_ROWS padded rows. */
 #define TILE_ROWS 8
 
+/* acc[r] += w[r][key] * v (one or two vectors of a value row) for the
+ * tile's rows that see `key`: every row where `all_see` (a constant at
+ * each call, so the check folds away), else those with visible[r] > key. */
+static inline __attribute__((always_inline)) void add_value_row(f32x16 acc[TILE_ROWS][2], const float *scores,
+                                                                int64_t row, int64_t key, const float *v,
+                                                                int64_t step, const int64_t *visible,
+                                                                int all_see) {
+    f32x16 v0, v1 = {0};
+    memcpy(&v0, v, sizeof v0);
+    if (step == 2) memcpy(&v1, v + 16, sizeof v1);
+    for (int64_t r = 0; r < TILE_ROWS; ++r) {
+        if (!all_see && key >= visible[r]) continue;
+        const float w = scores[r * row + key];
+        acc[r][0] += w * v0;
+        if (step == 2) acc[r][1] += w * v1;
+    }
+}
+
 static inline __attribute__((always_inline)) void attend_tiled_d(const PagedArgs *a, int64_t seq,
                                                                  int64_t kv_head, float *scores,
                                                                  const int64_t D) {
@@ -368,19 +389,7 @@ static inline __attribute__((always_inline)) void attend_tiled_d(const PagedArgs
         }
         /* Softmax weights per row over the keys it sees, unnormalised. */
         float inv_sum[TILE_ROWS];
-        for (int64_t r = 0; r < TILE_ROWS; ++r) {
-            float *s = scores + r * row;
-            const int64_t n = visible[r];
-            float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-            for (int64_t j = 0; j < n; ++j) m = s[j] > m ? s[j] : m;
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) s[j] = exp_nonpositive(s[j] - m);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < n; ++j) sum += s[j];
-            inv_sum[r] = 1.0f / sum;
-        }
+        for (int64_t r = 0; r < TILE_ROWS; ++r) inv_sum[r] = softmax_weights(scores + r * row, visible[r]);
         /* Weighted values: each value row loaded once for every row, two
          * vectors of it at a time (the rows' accumulators fill the registers). */
         const int64_t step = V % 2 == 0 ? 2 : 1;
@@ -393,29 +402,10 @@ static inline __attribute__((always_inline)) void attend_tiled_d(const PagedArgs
                 const int64_t shared = visible_min - first < 16 ? visible_min - first : 16; /* keys all rows see */
                 const int64_t any = visible_max - first < 16 ? visible_max - first : 16;
                 int64_t j = 0;
-                for (; j < shared; ++j) {
-                    const float *v = v_block + j * stride_slot + 16 * x;
-                    f32x16 v0, v1 = {0};
-                    memcpy(&v0, v, sizeof v0);
-                    if (step == 2) memcpy(&v1, v + 16, sizeof v1);
-                    for (int64_t r = 0; r < TILE_ROWS; ++r) {
-                        const float w = scores[r * row + first + j];
-                        acc[r][0] += w * v0;
-                        if (step == 2) acc[r][1] += w * v1;
-                    }
-                }
-                for (; j < any; ++j) {
-                    const float *v = v_block + j * stride_slot + 16 * x;
-                    f32x16 v0, v1 = {0};
-                    memcpy(&v0, v, sizeof v0);
-                    if (step == 2) memcpy(&v1, v + 16, sizeof v1);
-                    for (int64_t r = 0; r < TILE_ROWS; ++r) {
-                        if (first + j >= visible[r]) continue;
-                        const float w = scores[r * row + first + j];
-                        acc[r][0] += w * v0;
-                        if (step == 2) acc[r][1] += w * v1;
-                    }
-                }
+                for (; j < shared; ++j)
+                    add_value_row(acc, scores, row, first + j, v_block + j * stride_slot + 16 * x, step, visible, 1);
+                for (; j < any; ++j)
+                    add_value_row(acc, scores, row, first + j, v_block + j * stride_slot + 16 * x, step, visible, 0);
             }
             for (int64_t r = 0; r < rows; ++r) {
                 const f32x16 out0 = acc[r][0] * inv_sum[r];
