@@ -18,7 +18,8 @@ def native(name: str) -> Extension:
     return Extension(
         f"sluice.kernels.{name}",
         sources=[f"src/sluice/kernels/{name}.c"],
-        depends=["src/sluice/kernels/_cpu_vector.h"],  # included by the sources: a change rebuilds them
+        # included by the sources: a change rebuilds them
+        depends=["src/sluice/kernels/_cpu_vector.h", "src/sluice/kernels/_paged_attention_vec.h"],
         extra_compile_args=["-O3", "-std=c11", "-ffp-contract=fast", *openmp],
         extra_link_args=openmp,
         optional=True,

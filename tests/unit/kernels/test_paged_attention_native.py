@@ -27,6 +27,35 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+VARIANTS = native._native.supported_variants() if native.available() else []
+
+
+@pytest.fixture(autouse=True, params=VARIANTS or ["none"])
+def kernel_variant(request):
+    """Every test runs on every instruction-set variant this CPU supports
+    (AVX-512, AVX2, baseline), not only the widest one the import picks."""
+    if not VARIANTS:
+        yield None
+        return
+    chosen = native._native.variant()
+    native._native.set_variant(request.param)
+    yield request.param
+    native._native.set_variant(chosen)
+
+
+def test_the_widest_variant_this_cpu_supports_runs_by_default(kernel_variant):
+    import subprocess
+    import sys
+
+    picked = subprocess.run([sys.executable, "-c", "from sluice.kernels import _paged_attention_cpu as k; "
+                             "print(k.variant(), *k.supported_variants())"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert picked[0] == picked[1]  # the first supported is the widest
+    assert picked[-1] == "baseline"
+    with pytest.raises(ValueError):
+        native._native.set_variant("avx1024")
+
+
 def head_major(cache: torch.Tensor) -> torch.Tensor:
     """The same logical cache stored [kv_heads, num_blocks, block_size, head_dim]."""
     return cache.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
