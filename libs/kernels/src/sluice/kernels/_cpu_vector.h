@@ -17,11 +17,23 @@
  * no level names: ISA names there. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define SLUICE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define SLUICE_ISA_AVX512 "arch=x86-64-v4"
+#define SLUICE_ISA_AVX2 "arch=x86-64-v3"
 #elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SLUICE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define SLUICE_ISA_AVX512 "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"
+#define SLUICE_ISA_AVX2 "avx2,fma"
 #else
 #define SLUICE_CLONES
 #endif
+
+/* Code between SLUICE_TARGET(SLUICE_ISA_...) and SLUICE_TARGET_END is built
+ * for that instruction set (where the ISA names are defined: GCC on
+ * x86-64), for a kernel that keeps one variant per ISA and picks one at
+ * run time itself. */
+#define SLUICE_PRAGMA(x) _Pragma(#x)
+#define SLUICE_TARGET(isa) SLUICE_PRAGMA(GCC push_options) SLUICE_PRAGMA(GCC target(isa))
+#define SLUICE_TARGET_END SLUICE_PRAGMA(GCC pop_options)
 
 /* exp(x) for x <= 0 (softmax after subtracting the max), in a form the
  * compiler vectorises: libm's expf is a scalar call per score, which made

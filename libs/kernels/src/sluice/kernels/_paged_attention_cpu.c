@@ -179,8 +179,8 @@ static inline __attribute__((always_inline)) float softmax_weights(float *s, int
  * sizes it is written for. */
 static inline int tiled(const PagedArgs *a, int64_t seq) {
     const int64_t q_len = a->query_start_loc[seq + 1] - a->query_start_loc[seq];
-    return q_len > 1 && q_len * (a->num_heads / a->num_kv_heads) >= TILE_ROWS && a->k_stride_d != 1 && a->block_size == 16 &&
-           a->head_dim % 16 == 0 && a->head_dim <= 128;
+    return q_len > 1 && q_len * (a->num_heads / a->num_kv_heads) >= TILE_ROWS && a->k_stride_d != 1 &&
+           a->block_size == 16 && a->head_dim % 16 == 0 && a->head_dim <= 128;
 }
 
 /* The vectorised half (_paged_attention_vec.h), once per instruction set:
@@ -211,14 +211,13 @@ typedef struct {
 #define V16_SUM(o, a, b) (*(o) = *(a) + *(b))
 #define V16_SCALE(v, s) (*(v) *= (s))
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#ifdef SLUICE_ISA_AVX512
 #define SLUICE_VARIANTS 1
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v4")
+SLUICE_TARGET(SLUICE_ISA_AVX512)
 #define VEC_ISA avx512
 #include "_paged_attention_vec.h"
 #undef VEC_ISA
-#pragma GCC pop_options
+SLUICE_TARGET_END
 #endif
 
 /* Two 256-bit halves. */
@@ -238,12 +237,11 @@ typedef struct {
 #define V16_SCALE(v, s) ((v)->lo *= (s), (v)->hi *= (s))
 
 #ifdef SLUICE_VARIANTS
-#pragma GCC push_options
-#pragma GCC target("arch=x86-64-v3")
+SLUICE_TARGET(SLUICE_ISA_AVX2)
 #define VEC_ISA avx2
 #include "_paged_attention_vec.h"
 #undef VEC_ISA
-#pragma GCC pop_options
+SLUICE_TARGET_END
 #endif
 
 #define VEC_ISA baseline
