@@ -1,6 +1,7 @@
 """A stream that breaks after it started ends with an SSE error event whose
 type and code follow the reason's outcome: a lost replica or a lost router
-is a retryable 503-class `service_unavailable_error`, never a 500.
+is a retryable 503-class `service_unavailable_error`, never a 500. A
+stream's opening and closing frames share writes with their neighbours.
 
 The gateway's real RouterClient talks to a fake Router (a grpc.aio server
 on loopback that admits the request and then fails it the way the real
@@ -30,7 +31,7 @@ from sluice.gateway.state import GatewayState
 from sluice.gateway.tenant_backoff import TenantBackoff
 from sluice.limits import InProcessConcurrencyLimiter, InProcessIdempotencyStore, InProcessRateLimiter
 from sluice.rpc.errors import ServiceError
-from sluice.v1 import router_pb2, router_pb2_grpc
+from sluice.v1 import common_pb2, router_pb2, router_pb2_grpc
 
 API_KEY = "sk-test"
 
@@ -38,6 +39,7 @@ API_KEY = "sk-test"
 class FakeRouter(router_pb2_grpc.RouterServicer):
     """Admits each request, sends one delta, then does what `then` says:
     "replica_lost" sends the router's in-band Error for a lost replica;
+    "finish" ends the generation (length, 3 prompt and 1 output token);
     "hang" keeps the call open (the test stops the server: a lost router)."""
 
     def __init__(self, then: str) -> None:
@@ -55,7 +57,12 @@ class FakeRouter(router_pb2_grpc.RouterServicer):
                 router_pb2.RoutedEvent(request_id=request_id, event=router_pb2.GenerateEvent(
                     delta=router_pb2.Delta(text="Hel", token_ids=[1]))),
             ])
-            if self.then == "replica_lost":
+            if self.then == "finish":
+                yield router_pb2.GenerateEventBatch(events=[router_pb2.RoutedEvent(
+                    request_id=request_id, event=router_pb2.GenerateEvent(finished=router_pb2.Finished(
+                        finish_reason=common_pb2.FINISH_REASON_LENGTH,
+                        usage=common_pb2.Usage(prompt_tokens=3, output_tokens=1))))])
+            elif self.then == "replica_lost":
                 yield router_pb2.GenerateEventBatch(events=[router_pb2.RoutedEvent(
                     request_id=request_id, event=router_pb2.GenerateEvent(error=router_pb2.Error(
                         code="replica_lost", message="the model replica failed: the peer ended the stream")))])
@@ -101,7 +108,15 @@ class Harness:
             backoff=TenantBackoff(),
         )
         self.metrics = app.state.gateway.metrics
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+        self.sent: list[dict] = []  # every ASGI message the app sent, in order
+
+        async def recording(scope, receive, send):
+            async def record(message):
+                self.sent.append(message)
+                await send(message)
+            await app(scope, receive, record)
+
+        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=recording), base_url="http://gateway")
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -115,13 +130,17 @@ class Harness:
         while self.metrics.registry.get_sample_value("sluice_gateway_streams_active") != 1:
             await asyncio.sleep(0.01)
 
-    def chat(self, stream: bool, idempotency_key: str | None = None):
+    def body_writes(self) -> list[tuple[bytes, bool]]:
+        """(body, more_body) of each response body message: one write each."""
+        return [(m["body"], m.get("more_body", False)) for m in self.sent if m["type"] == "http.response.body"]
+
+    def chat(self, stream: bool, idempotency_key: str | None = None, **body):
         headers = {"Authorization": f"Bearer {API_KEY}"}
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
         return self.http.post(
             "/v1/chat/completions", headers=headers,
-            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream},
+            json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": stream, **body},
             timeout=10,
         )
 
@@ -143,6 +162,39 @@ async def test_a_lost_replica_mid_stream_is_a_503_class_error_event():
         # The attempt is recorded unbilled, as failed.
         await harness.background.drain(timeout_s=5)
         assert [r.outcome for r in harness.resources.outbox.records] == ["error"]
+
+
+async def test_a_short_answer_is_three_writes_the_role_with_the_first_token_and_the_end_with_the_body_end():
+    """Each write is a send on the client's socket and a wake-up of its
+    reader: the opening role chunk waits for the first token's frame, and
+    the finish chunk, the usage chunk and [DONE] end the body in one write."""
+    async with Harness("finish") as harness:
+        response = await harness.chat(stream=True, stream_options={"include_usage": True})
+        assert response.status_code == 200
+        payloads = sse_payloads(response.text)
+        assert [p if p == "[DONE]" else (p["choices"][0] if p["choices"] else "usage") for p in payloads] == [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+            {"index": 0, "delta": {"content": "Hel"}, "logprobs": None, "finish_reason": None},
+            {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"},
+            "usage", "[DONE]"]
+        writes = harness.body_writes()
+        assert len(writes) == 2, writes
+        (opening, more), (closing, last_more) = writes
+        assert more and not last_more
+        assert [p["choices"][0]["delta"] for p in sse_payloads(opening.decode())] == [
+            {"role": "assistant", "content": ""}, {"content": "Hel"}]
+        assert sse_payloads(closing.decode())[-1] == "[DONE]" and len(sse_payloads(closing.decode())) == 3
+        assert b"".join(body for body, _ in writes).decode() == response.text
+
+
+async def test_a_stream_that_fails_ends_its_body_with_the_error_and_done_in_one_write():
+    async with Harness("replica_lost") as harness:
+        response = await harness.chat(stream=True)
+        *_, (closing, more) = harness.body_writes()
+        assert not more
+        error, done = sse_payloads(closing.decode())
+        assert (error["error"]["code"], done) == ("replica_lost", "[DONE]")
+        assert response.text.endswith(closing.decode())
 
 
 async def test_a_lost_replica_before_a_collected_body_is_a_503_with_retry_headers():

@@ -11,6 +11,11 @@ DONE = b"data: [DONE]\n\n"
 TEXT_SLOT = "\x00text\x00"
 
 
+class LastFrame(bytes):
+    """A stream's last bytes: the response ends the body with them, in the
+    same write."""
+
+
 def json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 

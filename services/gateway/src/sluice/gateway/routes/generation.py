@@ -223,50 +223,58 @@ async def _sse_events(
     frames = fmt.content_frames()
     state.metrics.streams_active.inc()
     outcome = "cancelled"
+    # The opening chunk (the role) goes out with the first frame after it,
+    # and the last frames (finish, usage, [DONE]) with the end of the body:
+    # each write is a loopback send and a wake-up of the client, so a short
+    # answer costs three writes instead of seven, with the same bytes.
+    pending = sse.event(fmt.chunk("", None, first=True))
     try:
-        yield sse.event(fmt.chunk("", None, first=True))
         async for event in with_heartbeat(opened.rest, state.settings.keepalive_interval_s):
             if event is None:
-                yield sse.comment()
-                continue
-            kind = event.WhichOneof("event")
-            if kind == "delta":
-                progress.add(event.delta)
-                if not event.delta.text and not continuous_usage:
-                    continue
-                timing.content(time.monotonic())
-                if not continuous_usage:
-                    yield frames.frame(event.delta.text)
-                    continue
-                chunk = fmt.chunk(event.delta.text, None)
-                chunk["usage"] = usage_body(common_pb2.Usage(
-                    prompt_tokens=progress.prompt_tokens, output_tokens=progress.output_tokens))
-                yield sse.event(chunk)
-            elif kind == "finished":
-                finished = event.finished
-                result = progress.finished(finished, ticket.owner is not None)
-                await state.background.run_to_completion(_finish(state, ticket, result))
-                if result.finish_reason is None:
-                    outcome = "error"
-                    yield sse.event(ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").body())
+                frame = sse.comment()
+            else:
+                kind = event.WhichOneof("event")
+                if kind == "delta":
+                    progress.add(event.delta)
+                    if not event.delta.text and not continuous_usage:
+                        continue
+                    timing.content(time.monotonic())
+                    if continuous_usage:
+                        chunk = fmt.chunk(event.delta.text, None)
+                        chunk["usage"] = usage_body(common_pb2.Usage(
+                            prompt_tokens=progress.prompt_tokens, output_tokens=progress.output_tokens))
+                        frame = sse.event(chunk)
+                    else:
+                        frame = frames.frame(event.delta.text)
+                elif kind == "finished":
+                    finished = event.finished
+                    result = progress.finished(finished, ticket.owner is not None)
+                    await state.background.run_to_completion(_finish(state, ticket, result))
+                    if result.finish_reason is None:
+                        outcome = "error"
+                        pending += sse.event(ApiError.of(Reason.INTERNAL_ERROR, "The generation did not finish.").body())
+                        break
+                    outcome = "finished"
+                    chunk = fmt.chunk(None, FINISH_REASONS.get(finished.finish_reason, "stop"))
+                    if continuous_usage:
+                        chunk["usage"] = usage_body(finished.usage)
+                    pending += sse.event(chunk)
+                    if include_usage:
+                        pending += sse.event(fmt.usage_chunk(finished.usage))
                     break
-                outcome = "finished"
-                chunk = fmt.chunk(None, FINISH_REASONS.get(finished.finish_reason, "stop"))
-                if continuous_usage:
-                    chunk["usage"] = usage_body(finished.usage)
-                yield sse.event(chunk)
-                if include_usage:
-                    yield sse.event(fmt.usage_chunk(finished.usage))
-                break
-            elif kind == "error":
-                outcome = "error"
-                yield sse.event(_stream_error(event.error).body())
-                break
-        yield sse.DONE
+                elif kind == "error":
+                    outcome = "error"
+                    pending += sse.event(_stream_error(event.error).body())
+                    break
+                else:
+                    continue
+            if pending:
+                frame, pending = pending + frame, b""
+            yield frame
+        yield sse.LastFrame(pending + sse.DONE)
     except ServiceError as failure:  # the router or the call to it failed mid-stream
         outcome = "error"
-        yield sse.event(from_service_error(failure).body())
-        yield sse.DONE
+        yield sse.LastFrame(pending + sse.event(from_service_error(failure).body()) + sse.DONE)
     finally:
         # Reached on normal end and on cancellation (the client went away):
         # cancelling upstream propagates to the replica.
@@ -351,6 +359,18 @@ class ClosingStreamingResponse(StreamingResponse):
     the generator suspended at its `yield`; its `finally` (cancel the router
     call, record the unbilled attempt, release slot and key) would then wait
     for the garbage collector. Closing it here runs that at once."""
+
+    async def stream_response(self, send) -> None:
+        """As Starlette's, but an `sse.LastFrame` ends the body in its own
+        write (Starlette sends an empty body message after the last item,
+        a write of its own)."""
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:
+            ended = isinstance(chunk, sse.LastFrame)
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope, receive, send) -> None:
         try:
