@@ -48,6 +48,16 @@ def int8_head_available() -> bool:
     return _native is not None and hasattr(_native, "int8_head_scores")
 
 
+# The instruction sets `best_isa` may pick from (None: any); cpu_isa.cap_isa sets it.
+_allowed_isas: tuple[int, ...] | None = None
+
+
+def limit_isas(allowed: tuple[int, ...] | None) -> None:
+    """Restrict `best_isa` (and so every call that passes no isa) to `allowed`; None lifts it."""
+    global _allowed_isas
+    _allowed_isas = allowed
+
+
 def supported_isas() -> list[tuple[int, int]]:
     """(instruction set, activation bits) pairs this CPU runs: scalar at
     both widths always (where built), AVX2 at 7 bits, either VNNI at both."""
@@ -55,8 +65,9 @@ def supported_isas() -> list[tuple[int, int]]:
 
 
 def best_isa() -> tuple[int, int]:
-    """The fastest instruction set here, at the most bits it takes."""
-    return max(supported_isas(), key=lambda pair: (pair[0], pair[1]))
+    """The fastest instruction set here (within `limit_isas`), at the most bits it takes."""
+    pairs = [pair for pair in supported_isas() if _allowed_isas is None or pair[0] in _allowed_isas]
+    return max(pairs, key=lambda pair: (pair[0], pair[1]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,21 @@ def available() -> bool:
     return _native is not None
 
 
+def variant() -> str:
+    """The instruction-set variant the kernel runs ("avx512", "avx2" or "baseline")."""
+    return _native.variant()
+
+
+def supported_variants() -> tuple[str, ...]:
+    """The variants this CPU runs, widest first."""
+    return tuple(_native.supported_variants())
+
+
+def set_variant(name: str) -> None:
+    """Run `name` from now on (ValueError if this CPU cannot); see cpu_isa.cap_isa."""
+    _native.set_variant(name)
+
+
 def supports_layout(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
     """Float32 CPU caches the kernel can address (see the module docstring)."""
     return (

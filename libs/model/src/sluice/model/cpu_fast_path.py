@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -46,6 +47,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from sluice.kernels import cpu_isa
 from sluice.kernels.argmax import argmax_rows, native_build_digest
 from sluice.model.cpu_linear import WEIGHT_LAYOUTS, PackedLinear, onednn_linear_available
 from sluice.model.greedy_head import SCREEN_KINDS, ScreenedHead, ScreenKind, available_screens
@@ -141,7 +143,8 @@ def _best_times(impls: Mapping[str, Callable[[], object]], trials: int, min_time
 
 
 def machine_key(shapes: Iterable[LinearShape]) -> str:
-    """What a probe's answer depends on: the CPU, torch and its threads, the shapes, the native kernels' build."""
+    """What a probe's answer depends on: the CPU, torch and its threads, the shapes, the native kernels'
+    build, and the instruction sets torch, oneDNN and the native kernels may use."""
     flags = model_name = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -154,7 +157,9 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
     facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
              *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"impls={','.join(linear_impls())}",
              f"screens={','.join(available_screens())}",
-             f"kernels={native_build_digest()}"]  # a rebuilt kernel may time differently
+             f"kernels={native_build_digest()}",  # a rebuilt kernel may time differently
+             f"isa={cpu_isa.describe()} aten={torch.backends.cpu.get_cpu_capability()} "
+             f"onednn={os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from sluice.kernels.argmax import argmax_rows, screened_argmax, screened_argmax_available
+from sluice.kernels.cpu_isa import isa_cap
 from sluice.kernels.int8_head import Int8Head, int8_head_available, int8_screened_argmax, pack_int8_head
 from sluice.model.cpu_linear import PackedLinear
 
@@ -77,6 +78,7 @@ def screen_available(kind: ScreenKind = "bf16") -> bool:
         raise ValueError(f"unknown LM head screen {kind!r}: expected one of {', '.join(SCREEN_KINDS)}")
     return (
         screened_argmax_available()
+        and isa_cap() in ("auto", "avx512")  # bf16 matmul needs AVX512-BF16 or AMX
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported")
         and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

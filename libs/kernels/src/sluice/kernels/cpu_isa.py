@@ -1,0 +1,61 @@
+"""The widest instruction set Sluice's native CPU kernels may use.
+
+Each native kernel picks the widest code path this CPU runs (the attention
+kernel at import, the int8 LM head per call). `cap_isa` lowers that ceiling
+for the whole process: "avx2" runs them as on a CPU without AVX-512 (and
+without AVX-VNNI: AVX2 + FMA only, Haswell to Zen 3), "baseline" as on one
+before AVX2. With ``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``
+set for torch beside it, a replica on an AVX-512 machine serves with the
+instruction sets an AVX2-only machine has: a way to measure that machine's
+paths (or avoid a CPU's erratum) without one. The kernels GCC clones per
+instruction set (`target_clones`: the elementwise ones, the argmax) keep
+their own choice; they are a few percent of a step.
+
+Process-wide, like torch's thread count: call it once at start-up, before
+the model is loaded and probed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from sluice.kernels import int8_head, paged_attention_native
+
+IsaCap = Literal["auto", "avx512", "avx2", "baseline"]
+ISA_CAPS: tuple[IsaCap, ...] = ("auto", "avx512", "avx2", "baseline")
+
+# The int8 head's instruction sets each cap admits (AVX-VNNI is a VEX
+# extension AVX2-only CPUs lack).
+_INT8_ISAS: dict[str, tuple[int, ...]] = {
+    "avx512": (int8_head.ISA_SCALAR, int8_head.ISA_AVX2, int8_head.ISA_AVX_VNNI, int8_head.ISA_AVX512_VNNI),
+    "avx2": (int8_head.ISA_SCALAR, int8_head.ISA_AVX2),
+    "baseline": (int8_head.ISA_SCALAR,),
+}
+# The attention kernel's variants, widest first.
+_ATTENTION_VARIANTS = ("avx512", "avx2", "baseline")
+
+_cap: IsaCap = "auto"
+
+
+def cap_isa(cap: IsaCap) -> None:
+    """Run the native kernels at most at `cap` ("auto": the widest this CPU runs)."""
+    global _cap
+    if cap not in ISA_CAPS:
+        raise ValueError(f"CPU instruction set cap {cap!r}: expected one of {', '.join(ISA_CAPS)}")
+    _cap = cap
+    if paged_attention_native.available():
+        supported = paged_attention_native.supported_variants()
+        allowed = _ATTENTION_VARIANTS if cap == "auto" else _ATTENTION_VARIANTS[_ATTENTION_VARIANTS.index(cap):]
+        paged_attention_native.set_variant(next(v for v in allowed if v in supported))
+    int8_head.limit_isas(None if cap == "auto" else _INT8_ISAS[cap])
+
+
+def isa_cap() -> IsaCap:
+    return _cap
+
+
+def describe() -> str:
+    """The cap and what each kernel runs under it, for logs and probe keys."""
+    attention = paged_attention_native.variant() if paged_attention_native.available() else "none"
+    head = int8_head.ISA_NAMES[int8_head.best_isa()[0]] if int8_head.int8_head_available() else "none"
+    return f"cap={_cap} attention={attention} int8_head={head}"
