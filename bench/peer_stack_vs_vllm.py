@@ -19,7 +19,11 @@ output tok/s and p99 TTFT, on / off (target: within 5%). The load client
 runs on the peer's Python when there is one, else on this one (it needs
 httpx and transformers, both in the dev venv).
 
-    .venv/bin/python bench/peer_stack_vs_vllm.py [--rounds 3] [--tracing-overhead]
+--cpu-isa avx2 runs both servers on the instruction sets of an AVX2-only
+CPU (torch, oneDNN and Sluice's native kernels capped; vLLM's own compiled
+kernels cannot be), to measure that class of machine from a wider one.
+
+    .venv/bin/python bench/peer_stack_vs_vllm.py [--rounds 3] [--tracing-overhead] [--cpu-isa avx2]
 """
 
 import argparse
@@ -166,8 +170,15 @@ def main() -> int:
                         help="with --tracing-overhead: the share of requests traced (default 1: all)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every Sluice service's environment (repeatable), e.g. SLUICE_TORCH_THREADS=1")
+    parser.add_argument("--cpu-isa", choices=["auto", "avx2"], default="auto",
+                        help="avx2: both servers' torch and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY, "
+                        "ONEDNN_MAX_CPU_ISA) and Sluice's native kernels too (SLUICE_CPU_ISA): an AVX2-only "
+                        "CPU's code paths on this one (vLLM's own compiled kernels keep theirs)")
     args = parser.parse_args()
     sluice_env = dict(item.split("=", 1) for item in args.env)
+    if args.cpu_isa == "avx2":
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")  # both servers inherit these
+        sluice_env["SLUICE_CPU_ISA"] = "avx2"
     peer_python = args.peer_dir / "venv" / "bin" / "python"
     model_dir = args.model_dir.resolve()
     if not (BENCH_PEER / "load.py").exists():
@@ -180,7 +191,8 @@ def main() -> int:
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
     results: dict[str, list[dict]] = {"sluice": [], "vllm": []}
-    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); Sluice's extra environment: {sluice_env or 'none'}",
+    held = "; both held to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)" if args.cpu_isa == "avx2" else ""
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); Sluice's extra environment: {sluice_env or 'none'}{held}",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
@@ -195,7 +207,8 @@ def main() -> int:
           f"vllm {v[0]:,.0f} tok/s, p99 TTFT {v[1]:.0f} ms, TPOT {v[2]:.1f} ms")
     print(f"ratio sluice / vllm (medians): throughput {tok_ratio:.2f}x, p99 TTFT {ttft_ratio:.2f}x, "
           f"TPOT {tpot_ratio:.2f}x")
-    print(json.dumps({"bench": "stack_vs_vllm", "cpu": cpu_model(), "throughput_ratio": round(tok_ratio, 3),
+    print(json.dumps({"bench": "stack_vs_vllm", "cpu": cpu_model(), "cpu_isa": args.cpu_isa,
+                      "throughput_ratio": round(tok_ratio, 3),
                       "p99_ttft_ratio": round(ttft_ratio, 3), "tpot_ratio": round(tpot_ratio, 3),
                       "rounds": args.rounds, "sluice": results["sluice"], "vllm": results["vllm"]}))
     return 0
