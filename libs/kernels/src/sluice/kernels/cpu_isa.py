@@ -44,14 +44,22 @@ def cap_isa(cap: IsaCap) -> None:
         raise ValueError(f"CPU instruction set cap {cap!r}: expected one of {', '.join(ISA_CAPS)}")
     _cap = cap
     if paged_attention_native.available():
-        supported = paged_attention_native.supported_variants()
-        allowed = _ATTENTION_VARIANTS if cap == "auto" else _ATTENTION_VARIANTS[_ATTENTION_VARIANTS.index(cap):]
-        paged_attention_native.set_variant(next(v for v in allowed if v in supported))
+        paged_attention_native.set_variant(attention_variants()[0])
     int8_head.limit_isas(None if cap == "auto" else _INT8_ISAS[cap])
+    int8_head.prefer_isa(None)
 
 
 def isa_cap() -> IsaCap:
     return _cap
+
+
+def attention_variants() -> list[str]:
+    """The attention kernel's variants this CPU runs within the cap, widest first."""
+    if not paged_attention_native.available():
+        return []
+    allowed = _ATTENTION_VARIANTS if _cap == "auto" else _ATTENTION_VARIANTS[_ATTENTION_VARIANTS.index(_cap):]
+    supported = paged_attention_native.supported_variants()
+    return [variant for variant in allowed if variant in supported]
 
 
 def describe() -> str:

@@ -48,14 +48,30 @@ def int8_head_available() -> bool:
     return _native is not None and hasattr(_native, "int8_head_scores")
 
 
-# The instruction sets `best_isa` may pick from (None: any); cpu_isa.cap_isa sets it.
+# The instruction sets `best_isa` may pick from (None: any); cpu_isa.cap_isa
+# sets it. And the pair a probe measured fastest here, if it is allowed.
 _allowed_isas: tuple[int, ...] | None = None
+_preferred: tuple[int, int] | None = None
 
 
 def limit_isas(allowed: tuple[int, ...] | None) -> None:
     """Restrict `best_isa` (and so every call that passes no isa) to `allowed`; None lifts it."""
     global _allowed_isas
     _allowed_isas = allowed
+
+
+def prefer_isa(pair: tuple[int, int] | None) -> None:
+    """Make `pair` (instruction set, bits) `best_isa`'s answer while the limit
+    allows it (sluice.model.cpu_kernel_probe); None: the widest again."""
+    global _preferred
+    if pair is not None and tuple(pair) not in supported_isas():
+        raise ValueError(f"int8 head: this CPU does not run {pair}")
+    _preferred = None if pair is None else (pair[0], pair[1])
+
+
+def allowed_isas() -> list[tuple[int, int]]:
+    """The (instruction set, bits) pairs this CPU runs within `limit_isas`, widest last."""
+    return [pair for pair in supported_isas() if _allowed_isas is None or pair[0] in _allowed_isas]
 
 
 def supported_isas() -> list[tuple[int, int]]:
@@ -65,8 +81,11 @@ def supported_isas() -> list[tuple[int, int]]:
 
 
 def best_isa() -> tuple[int, int]:
-    """The fastest instruction set here (within `limit_isas`), at the most bits it takes."""
-    pairs = [pair for pair in supported_isas() if _allowed_isas is None or pair[0] in _allowed_isas]
+    """The pair `prefer_isa` named, if allowed; else the widest instruction set
+    here (within `limit_isas`), at the most bits it takes."""
+    pairs = allowed_isas()
+    if _preferred in pairs:
+        return _preferred
     return max(pairs, key=lambda pair: (pair[0], pair[1]))
 
 

@@ -116,7 +116,7 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
         linear = nn.Linear(shape.in_features, shape.out_features, bias=shape.bias).requires_grad_(False)
         modules = {impl: linear if impl == "torch" else PackedLinear(linear, layout=impl) for impl in linear_impls()}
         x = torch.randn(rows, shape.in_features, generator=generator)  # [rows, in]
-        timings[shape.key] = _best_times({impl: partial(module, x) for impl, module in modules.items()},
+        timings[shape.key] = best_times({impl: partial(module, x) for impl, module in modules.items()},
                                          trials, min_time_s)
         screens = available_screens() if shape == head else ()
         if screens:
@@ -125,7 +125,7 @@ def probe_linears(shapes: Iterable[LinearShape], *, rows: int = PROBE_ROWS, tria
             greedy = {"greedy_full": lambda: argmax_rows(full(normed)),
                       **{f"greedy_{kind}": partial(ScreenedHead(linear, screen=kind).greedy_token_ids, normed)
                          for kind in screens}}
-            timings[shape.key].update(_best_times(greedy, trials, min_time_s))
+            timings[shape.key].update(best_times(greedy, trials, min_time_s))
     return timings
 
 
@@ -137,14 +137,16 @@ def linear_impls() -> tuple[LinearImpl, ...]:
     return ("torch", *layouts)
 
 
-def _best_times(impls: Mapping[str, Callable[[], object]], trials: int, min_time_s: float) -> dict[str, float]:
+def best_times(impls: Mapping[str, Callable[[], object]], trials: int, min_time_s: float) -> dict[str, float]:
+    """Each call's best of `trials` averages over at least `min_time_s`, in seconds."""
     with torch.inference_mode():
         return {name: min(_seconds_per_call(call, min_time_s) for _ in range(trials)) for name, call in impls.items()}
 
 
-def machine_key(shapes: Iterable[LinearShape]) -> str:
-    """What a probe's answer depends on: the CPU, torch and its threads, the shapes, the native kernels'
-    build, and the instruction sets torch, oneDNN and the native kernels may use."""
+def machine_key(shapes: Iterable[LinearShape], extra: Iterable[str] = ()) -> str:
+    """What a probe's answer depends on: the CPU, torch and its threads, the shapes (and `extra`, what
+    else the probe measured on), the native kernels' build, and the instruction sets torch, oneDNN and
+    the native kernels may use."""
     flags = model_name = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -155,10 +157,10 @@ def machine_key(shapes: Iterable[LinearShape]) -> str:
     except OSError:
         model_name = platform.processor() or platform.machine()
     facts = [model_name, flags, torch.__version__, str(torch.get_num_threads()),
-             *sorted({s.key for s in shapes}), f"rows={PROBE_ROWS}", f"impls={','.join(linear_impls())}",
+             *sorted({s.key for s in shapes}), *extra, f"rows={PROBE_ROWS}", f"impls={','.join(linear_impls())}",
              f"screens={','.join(available_screens())}",
              f"kernels={native_build_digest()}",  # a rebuilt kernel may time differently
-             f"isa={cpu_isa.describe()} aten={torch.backends.cpu.get_cpu_capability()} "
+             f"isa-cap={cpu_isa.isa_cap()} aten={torch.backends.cpu.get_cpu_capability()} "
              f"onednn={os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
@@ -205,30 +207,44 @@ def _fastest_screen(timing: Mapping[str, float]) -> ScreenKind | None:
 
 def _cached_probe(shapes: list[LinearShape], cache_dir: Path | None,
                   head: LinearShape | None = None) -> dict[str, dict[str, float]]:
-    path = cache_dir / f"cpu-linear-probe-{machine_key(shapes)}.json" if cache_dir else None
+    def measure() -> dict[str, dict[str, float]]:
+        started = time.perf_counter()
+        timings = probe_linears(shapes, head=head)
+        log.info("probed CPU linears in %.2f s: %s", time.perf_counter() - started,
+                 ", ".join(f"{key} {_faster(t)} ({t['torch'] / t[_faster(t)]:.2f}x)" for key, t in timings.items()))
+        if head is not None and "greedy_full" in timings[head.key]:
+            log.info("greedy LM head %s: %s", head.key,
+                     ", ".join(f"{name.removeprefix('greedy_')} {seconds * 1e3:.2f} ms"
+                               for name, seconds in timings[head.key].items() if name.startswith("greedy_")))
+        return timings
+
+    # The LM head's screens are timed on the native builds chosen before (cpu_kernel_probe).
+    key = machine_key(shapes, extra=[f"kernels-run: {cpu_isa.describe()}"])
+    path = cache_dir / f"cpu-linear-probe-{key}.json" if cache_dir else None
+    return cached_timings(path, measure, required=[s.key for s in shapes])
+
+
+def cached_timings(path: Path | None, measure: Callable[[], dict[str, dict[str, float]]],
+                   required: Iterable[str]) -> dict[str, dict[str, float]]:
+    """The timings cached at `path` if they hold every `required` key, else
+    `measure()`'s, cached there (a read-only file system: measured again at
+    the next start)."""
     if path is not None and path.is_file():
         try:
             timings = json.loads(path.read_text())["timings_s"]
-            if all(s.key in timings for s in shapes):
+            if all(key in timings for key in required):
                 return timings
         except (OSError, ValueError, KeyError, TypeError):
-            log.warning("ignoring an unreadable CPU linear probe at %s", path)
-    started = time.perf_counter()
-    timings = probe_linears(shapes, head=head)
-    log.info("probed CPU linears in %.2f s: %s", time.perf_counter() - started,
-             ", ".join(f"{key} {_faster(t)} ({t['torch'] / t[_faster(t)]:.2f}x)" for key, t in timings.items()))
-    if head is not None and "greedy_full" in timings[head.key]:
-        log.info("greedy LM head %s: %s", head.key,
-                 ", ".join(f"{name.removeprefix('greedy_')} {seconds * 1e3:.2f} ms"
-                           for name, seconds in timings[head.key].items() if name.startswith("greedy_")))
+            log.warning("ignoring an unreadable CPU probe at %s", path)
+    timings = measure()
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(".tmp")
             temporary.write_text(json.dumps({"rows": PROBE_ROWS, "timings_s": timings}, indent=1))
             temporary.replace(path)
-        except OSError as error:  # a read-only file system: measure again next start
-            log.info("not caching the CPU linear probe (%s)", error)
+        except OSError as error:
+            log.info("not caching the CPU probe (%s)", error)
     return timings
 
 

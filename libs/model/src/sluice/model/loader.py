@@ -24,6 +24,7 @@ from safetensors import safe_open
 
 from sluice.model.config import LlamaConfig
 from sluice.model.cpu_fast_path import apply_cpu_fast_path, choose_linears
+from sluice.model.cpu_kernel_probe import choose_and_apply_kernels
 from sluice.model.llama import STACKED_SHARDS, AttentionBackend, LlamaModel
 
 SINGLE_FILE = "model.safetensors"
@@ -128,8 +129,12 @@ def finish_for_device(
     probe_cache_dir: Path | None = None,
 ) -> LlamaModel:
     """A filled model's fast path for its device: on CPU in float32, the
-    machine's linear implementation per shape (cpu_fast_path)."""
+    machine's fastest build of each native kernel (cpu_kernel_probe; first,
+    so the linear probe times the LM head's screen on it) and linear
+    implementation per shape (cpu_fast_path), both measured under "auto"."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
+        if cpu_linears == "auto":
+            choose_and_apply_kernels(model.config, probe_cache_dir)
         apply_cpu_fast_path(model, choose_linears(model, cpu_linears, cache_dir=probe_cache_dir))
     return model
 
