@@ -30,7 +30,7 @@ from cluster_harness import cpu_model  # noqa: E402
 
 from sluice.kernels import int8_head  # noqa: E402
 from sluice.kernels.argmax import argmax_rows  # noqa: E402
-from sluice.kernels.int8_head import ISA_NAMES, int8_head_scores, int8_screened_argmax, pack_int8_head  # noqa: E402
+from sluice.kernels.int8_head import int8_head_scores, int8_screened_argmax, pack_int8_head  # noqa: E402
 from sluice.model.cpu_linear import PackedLinear  # noqa: E402
 from sluice.model.greedy_head import MAX_CANDIDATES, ScreenedHead, screen_available  # noqa: E402
 
@@ -90,7 +90,7 @@ def main() -> None:
     int8 = ScreenedHead(linear, screen="int8")
     isas = [isa for isa in int8_head.supported_isas() if isa[0] != int8_head.ISA_SCALAR]
     for isa in isas:
-        variants[f"int8-{ISA_NAMES[isa[0]]}-{isa[1]}bit"] = int8_call(int8, hidden, isa)
+        variants[f"int8-{int8_head.isa_label(isa)}"] = int8_call(int8, hidden, isa)
 
     print(f"CPU: {cpu_model()}; {args.threads} thread(s); {ROWS} rows x {VOCAB} x {HIDDEN}")
     with torch.inference_mode():
@@ -99,7 +99,7 @@ def main() -> None:
             print(f"{name}: tokens {'match' if agree else 'DIFFER from'} the exact argmax")
         for isa in isas:
             median, most = candidates_per_row(int8, hidden, isa)
-            print(f"int8-{ISA_NAMES[isa[0]]}-{isa[1]}bit: {median:.0f} candidates a row (median), at most {most}")
+            print(f"int8-{int8_head.isa_label(isa)}: {median:.0f} candidates a row (median), at most {most}")
         timings: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         for r in range(args.rounds):

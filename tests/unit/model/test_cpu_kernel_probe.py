@@ -10,8 +10,9 @@ import pytest
 
 from sluice.kernels import cpu_isa, int8_head, paged_attention_native
 from sluice.model import cpu_kernel_probe
+from sluice.kernels.int8_head import isa_label
 from sluice.model.cpu_kernel_probe import (ATTENTION, INT8_HEAD, NARROWER_BY, KernelChoice, apply_kernel_choice,
-                                           choose_and_apply_kernels, choose_kernels, isa_name, probe_kernels)
+                                           choose_and_apply_kernels, choose_kernels, probe_kernels)
 
 pytestmark = pytest.mark.skipif(not (paged_attention_native.available() and int8_head.int8_head_available()),
                                 reason="the native CPU kernels were not built")
@@ -38,7 +39,7 @@ def test_the_probe_times_every_build_this_cpu_runs(make_config):
     timings = probe_kernels(make_config())
     assert set(timings[ATTENTION]) == set(attention_variants())
     if len(vector_pairs()) > 1:
-        assert set(timings[INT8_HEAD]) == {isa_name(pair) for pair in vector_pairs()}
+        assert set(timings[INT8_HEAD]) == {isa_label(pair) for pair in vector_pairs()}
     assert all(seconds > 0 for kernel in timings.values() for seconds in kernel.values())
     assert paged_attention_native.variant() == cpu_isa.attention_variants()[0]  # probing changed nothing
 
@@ -65,7 +66,7 @@ def test_the_int8_head_takes_the_measured_path():
     if len(pairs) < 2:
         pytest.skip("one vector path for the int8 head on this CPU")
     widest, narrower = max(pairs), min(pairs)
-    timings = {INT8_HEAD: {isa_name(widest): 1.0, isa_name(narrower): 0.5}}
+    timings = {INT8_HEAD: {isa_label(widest): 1.0, isa_label(narrower): 0.5}}
     choice = choose_kernels(timings)
     assert choice.int8_head == narrower
     apply_kernel_choice(choice)

@@ -65,5 +65,5 @@ def attention_variants() -> list[str]:
 def describe() -> str:
     """The cap and what each kernel runs under it, for logs and probe keys."""
     attention = paged_attention_native.variant() if paged_attention_native.available() else "none"
-    head = int8_head.ISA_NAMES[int8_head.best_isa()[0]] if int8_head.int8_head_available() else "none"
+    head = int8_head.isa_label(int8_head.best_isa()) if int8_head.int8_head_available() else "none"
     return f"cap={_cap} attention={attention} int8_head={head}"

@@ -44,6 +44,11 @@ ISA_SCALAR, ISA_AVX2, ISA_AVX_VNNI, ISA_AVX512_VNNI = 1, 2, 3, 4
 ISA_NAMES = {ISA_SCALAR: "scalar", ISA_AVX2: "avx2", ISA_AVX_VNNI: "avx-vnni", ISA_AVX512_VNNI: "avx512-vnni"}
 
 
+def isa_label(pair: tuple[int, int]) -> str:
+    """(instruction set, bits) as logs and probes name it: "avx2-7bit"."""
+    return f"{ISA_NAMES[pair[0]]}-{pair[1]}bit"
+
+
 def int8_head_available() -> bool:
     return _native is not None and hasattr(_native, "int8_head_scores")
 

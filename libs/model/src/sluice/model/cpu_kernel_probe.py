@@ -55,10 +55,6 @@ class KernelChoice:
     int8_head: tuple[int, int] | None  # (instruction set, bits); None: the widest
 
 
-def isa_name(pair: tuple[int, int]) -> str:
-    return f"{int8_head.ISA_NAMES[pair[0]]}-{pair[1]}bit"
-
-
 def probe_kernels(config: LlamaConfig) -> dict[str, dict[str, float]]:
     """Seconds per call of each build: {"attention": {variant: s}, "int8_head": {"avx2-7bit": s, ...}},
     each only where the kernel is built and more than one build runs here."""
@@ -111,7 +107,7 @@ def _time_int8_head(config: LlamaConfig, pairs: list[tuple[int, int]]) -> dict[s
     x = torch.randn(PROBE_ROWS, config.hidden_size, generator=generator)
     normed = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True))  # as a final RMSNorm leaves them
     head = int8_head.pack_int8_head(weight)
-    calls = {isa_name(pair): (lambda pair=pair: int8_head.int8_screened_argmax(
+    calls = {int8_head.isa_label(pair): (lambda pair=pair: int8_head.int8_screened_argmax(
         normed, head, weight, MAX_CANDIDATES, isa=pair)) for pair in pairs}
     return best_times(calls, TRIALS, MIN_TIME_S)
 
@@ -120,10 +116,11 @@ def choose_kernels(timings: dict[str, dict[str, float]]) -> KernelChoice:
     """The widest build of each kernel, unless another beat it by more than NARROWER_BY."""
     variants = cpu_isa.attention_variants()
     attention = _pick(timings.get(ATTENTION, {}), variants[0] if variants else None)
-    pairs = {isa_name(pair): pair for pair in int8_head.allowed_isas()} if int8_head.int8_head_available() else {}
-    widest = isa_name(max(pairs.values())) if pairs else None
+    pairs = {int8_head.isa_label(pair): pair for pair in int8_head.allowed_isas()} \
+        if int8_head.int8_head_available() else {}
+    widest = int8_head.isa_label(max(pairs.values())) if pairs else None
     int8 = _pick(timings.get(INT8_HEAD, {}), widest)
-    return KernelChoice(attention=attention, int8_head=pairs.get(int8) if int8 is not None else None)
+    return KernelChoice(attention=attention, int8_head=pairs.get(int8))
 
 
 def _pick(timing: dict[str, float], widest: str | None) -> str | None:
