@@ -82,16 +82,20 @@ class SmallStepThreads:
         """Whether there is a choice to make: small steps exist and there is more than one thread."""
         return self.max_step_tokens > 0 and self.all_threads > 1
 
+    def _chooses_for(self, num_tokens: int) -> bool:
+        """Whether steps of `num_tokens` are small steps, the ones it chooses for."""
+        return self.choosing and 0 < num_tokens <= self.max_step_tokens
+
     def preferred_threads(self, num_tokens: int) -> int:
         """The arm steps of `num_tokens` run on outside exploration."""
-        if not self.choosing or num_tokens > self.max_step_tokens:
+        if not self._chooses_for(num_tokens):
             return self.all_threads
         size = self._classes.get(size_class(num_tokens))
         return 1 if size is None or size.current == 0 else self.all_threads
 
     def threads_for(self, num_tokens: int) -> int:
         """Threads for the next step of `num_tokens`; report its time with `observe`."""
-        if not self.choosing or num_tokens > self.max_step_tokens or num_tokens <= 0:
+        if not self._chooses_for(num_tokens):
             return self.all_threads
         size = self._size(num_tokens)
         arm = 1 - size.current if size.exploring_left else size.current
@@ -99,7 +103,7 @@ class SmallStepThreads:
 
     def observe(self, threads: int, num_tokens: int, seconds: float) -> None:
         """A step of `num_tokens` ran on `threads` in `seconds` (its wall time)."""
-        if not self.choosing or num_tokens > self.max_step_tokens or num_tokens <= 0:
+        if not self._chooses_for(num_tokens):
             return
         size = self._size(num_tokens)
         size.arms[0 if threads == 1 else 1].observe(seconds / num_tokens)
