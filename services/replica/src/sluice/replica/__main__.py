@@ -10,9 +10,8 @@ from prometheus_client import start_http_server
 
 from sluice.engine.block_manager import BlockManager
 from sluice.engine.scheduler import IterationScheduler
+from sluice.kernels import cpu_isa
 from sluice.model.attention import default_backend, preferred_kv_layout
-from sluice.kernels.cpu_isa import cap_isa
-from sluice.kernels.cpu_isa import describe as cpu_isa_description
 from sluice.model.cpu_tuning import tune_cpu_allocator
 from sluice.model.kv_cache import allocate_kv_caches
 from sluice.model.loader import load_llama
@@ -40,8 +39,8 @@ def build_engine(settings: ReplicaSettings, metrics: EngineMetrics) -> tuple[Eng
     device = torch.device(settings.device)
     if device.type == "cpu":
         tune_cpu_allocator()  # keep per-step activation buffers in the heap (see cpu_tuning)
-        cap_isa(settings.cpu_isa)
-        log.info("native CPU kernels: %s", cpu_isa_description())
+        cpu_isa.cap_isa(settings.cpu_isa)
+        log.info("native CPU kernels: %s", cpu_isa.describe())
     model = load_llama(Path(settings.model_dir), dtype=dtype, device=device,
                        attention_backend=default_backend(device), cpu_linears=settings.cpu_linears,
                        probe_cache_dir=Path(settings.cpu_probe_cache_dir) if settings.cpu_probe_cache_dir else None)
