@@ -171,13 +171,16 @@ def main() -> int:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in every Sluice service's environment (repeatable), e.g. SLUICE_TORCH_THREADS=1")
     parser.add_argument("--cpu-isa", choices=["auto", "avx2"], default="auto",
-                        help="avx2: both servers' torch and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY, "
-                        "ONEDNN_MAX_CPU_ISA) and Sluice's native kernels too (SLUICE_CPU_ISA): an AVX2-only "
-                        "CPU's code paths on this one (vLLM's own compiled kernels keep theirs)")
+                        help="avx2: both servers' torch, MKL and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY, "
+                        "MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA) and Sluice's native kernels too "
+                        "(SLUICE_CPU_ISA): an AVX2-only CPU's code paths on this one (vLLM's own compiled "
+                        "kernels keep theirs)")
     args = parser.parse_args()
     sluice_env = dict(item.split("=", 1) for item in args.env)
     if args.cpu_isa == "avx2":
-        os.environ.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")  # both servers inherit these
+        # Both servers inherit these. MKL too: torch's float32 matmuls on an
+        # Intel CPU go to MKL, which picks AVX-512 unless told otherwise.
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
         sluice_env["SLUICE_CPU_ISA"] = "avx2"
     peer_python = args.peer_dir / "venv" / "bin" / "python"
     model_dir = args.model_dir.resolve()
@@ -191,7 +194,8 @@ def main() -> int:
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
     results: dict[str, list[dict]] = {"sluice": [], "vllm": []}
-    held = "; both held to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)" if args.cpu_isa == "avx2" else ""
+    held = ("; both held to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA)"
+            if args.cpu_isa == "avx2" else "")
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); Sluice's extra environment: {sluice_env or 'none'}{held}",
           flush=True)
     with tempfile.TemporaryDirectory() as tmp:

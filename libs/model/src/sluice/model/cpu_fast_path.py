@@ -161,7 +161,7 @@ def machine_key(shapes: Iterable[LinearShape], extra: Iterable[str] = ()) -> str
              f"screens={','.join(available_screens())}",
              f"kernels={native_build_digest()}",  # a rebuilt kernel may time differently
              f"isa-cap={cpu_isa.isa_cap()} aten={torch.backends.cpu.get_cpu_capability()} "
-             f"onednn={os.environ.get('ONEDNN_MAX_CPU_ISA', '')}"]
+             f"onednn={os.environ.get('ONEDNN_MAX_CPU_ISA', '')} mkl={os.environ.get('MKL_ENABLE_INSTRUCTIONS', '')}"]
     return hashlib.sha256("\n".join(facts).encode()).hexdigest()[:16]
 
 
