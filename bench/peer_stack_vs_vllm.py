@@ -20,8 +20,13 @@ runs on the peer's Python when there is one, else on this one (it needs
 httpx and transformers, both in the dev venv).
 
 --cpu-isa avx2 runs both servers on the instruction sets of an AVX2-only
-CPU (torch, oneDNN and Sluice's native kernels capped; vLLM's own compiled
-kernels cannot be), to measure that class of machine from a wider one.
+CPU, to measure that class of machine from a wider one: torch, MKL and
+oneDNN capped by their environment variables, Sluice's native kernels by
+SLUICE_CPU_ISA, and vLLM's own kernels by having its processes load the
+build it ships for AVX2 CPUs (vLLM picks `_C_AVX2`, `_C_AVX512` or `_C`
+from torch.cpu's hardware checks, which no variable changes: a
+sitecustomize on vLLM's PYTHONPATH answers them as an AVX2 CPU would). Each
+vLLM round prints which build its processes loaded.
 
     .venv/bin/python bench/peer_stack_vs_vllm.py [--rounds 3] [--tracing-overhead] [--cpu-isa avx2]
 """
@@ -68,8 +73,62 @@ def sluice_round(peer_python: Path, model_dir: Path, log_dir: Path, env: dict[st
         stack.stop()
 
 
-def vllm_round(peer_dir: Path, peer_python: Path, model_dir: Path) -> dict:
-    env = {**os.environ, "PEER_DIR": str(peer_dir), "PORT": "8011"}
+# vLLM's processes import this (as sitecustomize) under --cpu-isa avx2. It
+# patches torch.cpu's hardware checks when torch.cpu is first imported,
+# without importing torch itself earlier than vLLM would.
+VLLM_AVX2_SITECUSTOMIZE = """\
+import importlib.abc, importlib.machinery, sys
+
+_HELD = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+         "_is_amx_tile_supported", "_is_amx_fp16_supported")
+
+
+class _HoldToAvx2(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch.cpu":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            for check in _HELD:
+                if hasattr(module, check):
+                    setattr(module, check, lambda: False)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _HoldToAvx2())
+"""
+
+
+def vllm_kernel_builds() -> list[str]:
+    """The vLLM kernel libraries (_C*.so) that running processes have mapped."""
+    builds: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours
+            continue
+        builds.update(Path(line.split()[-1]).name for line in text.splitlines()
+                      if "/vllm/_C" in line and line.rstrip().endswith(".so"))
+    return sorted(builds)
+
+
+def vllm_round(peer_dir: Path, peer_python: Path, model_dir: Path, hold_avx2: bool = False) -> dict:
+    with tempfile.TemporaryDirectory(prefix="vllm-site-") as site_dir:
+        env = {**os.environ, "PEER_DIR": str(peer_dir), "PORT": "8011"}
+        if hold_avx2:
+            (Path(site_dir) / "sitecustomize.py").write_text(VLLM_AVX2_SITECUSTOMIZE)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [site_dir, env.get("PYTHONPATH", "")]))
+        return _vllm_round(peer_dir, peer_python, model_dir, env)
+
+
+def _vllm_round(peer_dir: Path, peer_python: Path, model_dir: Path, env: dict[str, str]) -> dict:
     # serve_vllm.sh serves ${PEER_DIR}/tiny-llama: point it at the same checkpoint Sluice serves.
     link = peer_dir / "tiny-llama"
     if link.is_symlink() or not link.exists():
@@ -77,6 +136,7 @@ def vllm_round(peer_dir: Path, peer_python: Path, model_dir: Path) -> dict:
         link.symlink_to(model_dir)
     subprocess.run(["bash", str(BENCH_PEER / "serve_vllm.sh")], env=env, check=True, timeout=900)
     try:
+        print(f"vLLM's kernel build: {', '.join(vllm_kernel_builds()) or 'none found'}", flush=True)
         return run_load(peer_python, "http://127.0.0.1:8011", model_dir, "", "vllm")
     finally:
         subprocess.run(["bash", str(BENCH_PEER / "stop_vllm.sh")], env=env, timeout=120)
@@ -172,9 +232,8 @@ def main() -> int:
                         help="set in every Sluice service's environment (repeatable), e.g. SLUICE_TORCH_THREADS=1")
     parser.add_argument("--cpu-isa", choices=["auto", "avx2"], default="auto",
                         help="avx2: both servers' torch, MKL and oneDNN held to AVX2 (ATEN_CPU_CAPABILITY, "
-                        "MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA) and Sluice's native kernels too "
-                        "(SLUICE_CPU_ISA): an AVX2-only CPU's code paths on this one (vLLM's own compiled "
-                        "kernels keep theirs)")
+                        "MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA), Sluice's native kernels "
+                        "(SLUICE_CPU_ISA) and vLLM's (its AVX2 build): an AVX2-only CPU's code paths")
     args = parser.parse_args()
     sluice_env = dict(item.split("=", 1) for item in args.env)
     if args.cpu_isa == "avx2":
@@ -194,7 +253,8 @@ def main() -> int:
         print(f"no peer environment at {args.peer_dir} (run ../shared/bench-peer/install.sh); skipping")
         return 0
     results: dict[str, list[dict]] = {"sluice": [], "vllm": []}
-    held = ("; both held to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA)"
+    held = ("; both held to AVX2 (ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA; "
+            "vLLM's own kernels: its AVX2 build)"
             if args.cpu_isa == "avx2" else "")
     print(f"CPU: {cpu_model()} ({os.cpu_count()} cores); Sluice's extra environment: {sluice_env or 'none'}{held}",
           flush=True)
@@ -203,7 +263,7 @@ def main() -> int:
             results["sluice"].append(sluice_round(peer_python, model_dir, Path(tmp) / f"sluice-{round_index}",
                                                   sluice_env))
             print(f"round {round_index + 1} sluice: {describe(results['sluice'][-1])}", flush=True)
-            results["vllm"].append(vllm_round(args.peer_dir, peer_python, model_dir))
+            results["vllm"].append(vllm_round(args.peer_dir, peer_python, model_dir, args.cpu_isa == "avx2"))
             print(f"round {round_index + 1} vllm  : {describe(results['vllm'][-1])}", flush=True)
     s, v = medians(results["sluice"]), medians(results["vllm"])
     tok_ratio, ttft_ratio, tpot_ratio = s[0] / v[0], s[1] / v[1], s[2] / v[2]

@@ -706,7 +706,7 @@ static void int8_scan(const Int8Call *call, const uint8_t *activations, const fl
     const int64_t per_screen_block = SCREEN_BLOCK / INT8_BLOCK;
     const int64_t screen_blocks = (vocab + SCREEN_BLOCK - 1) / SCREEN_BLOCK;
     const int64_t outer = (blocks + per_screen_block - 1) / per_screen_block;
-#pragma omp parallel for num_threads(call->threads) if (outer > 1) schedule(static)
+#pragma omp parallel for num_threads(call->threads) if (outer > 1) schedule(dynamic, 1)
     for (long long sb = 0; sb < outer; ++sb) {
         const int thread = omp_get_thread_num();
         Int8Epilogue e = *mode;
@@ -851,7 +851,7 @@ static PyObject *int8_screened_argmax(PyObject *self, PyObject *args) {
             candidates[i] = empty;
         }
         int8_scan(&call, activations, row_scales, &mode, NULL, NULL, candidates);
-#pragma omp parallel for num_threads(call.threads) if (rows > 1) schedule(static)
+#pragma omp parallel for num_threads(call.threads) if (rows > 1) schedule(dynamic, 1)
         for (long long r = 0; r < rows; ++r)
             out[r] = int8_pick(candidates, call.threads, rows, r, margins[r], call.hidden + r * hidden_size, weight,
                                hidden_size, max_candidates);
