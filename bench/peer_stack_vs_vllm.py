@@ -79,7 +79,7 @@ def sluice_round(peer_python: Path, model_dir: Path, log_dir: Path, env: dict[st
 VLLM_AVX2_SITECUSTOMIZE = """\
 import importlib.abc, importlib.machinery, sys
 
-_HELD = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+_HELD = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_vnni_supported",
          "_is_amx_tile_supported", "_is_amx_fp16_supported")
 
 

@@ -4,8 +4,8 @@ Each native kernel picks the widest code path this CPU runs (the attention
 kernel at import, the int8 LM head per call). `cap_isa` lowers that ceiling
 for the whole process: "avx2" runs them as on a CPU without AVX-512 (and
 without AVX-VNNI: AVX2 + FMA only, Haswell to Zen 3), "baseline" as on one
-before AVX2. With ``ATEN_CPU_CAPABILITY=avx2`` and ``ONEDNN_MAX_CPU_ISA=AVX2``
-set for torch beside it, a replica on an AVX-512 machine serves with the
+before AVX2. With ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``
+and ``ONEDNN_MAX_CPU_ISA=AVX2`` set for torch beside it, a replica on an AVX-512 machine serves with the
 instruction sets an AVX2-only machine has: a way to measure that machine's
 paths (or avoid a CPU's erratum) without one. The kernels GCC clones per
 instruction set (`target_clones`: the elementwise ones, the argmax) keep

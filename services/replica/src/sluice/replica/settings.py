@@ -138,8 +138,8 @@ class ReplicaSettings(SluiceSettings):
                                      description="where the CPU linear probe is cached ('' = never)")
     # The widest instruction set the native CPU kernels may use
     # (sluice.kernels.cpu_isa): "auto" is this CPU's widest; "avx2" serves
-    # as an AVX2-only CPU would (with ATEN_CPU_CAPABILITY=avx2 and
-    # ONEDNN_MAX_CPU_ISA=AVX2 for torch).
+    # as an AVX2-only CPU would (with ATEN_CPU_CAPABILITY=avx2,
+    # MKL_ENABLE_INSTRUCTIONS=AVX2 and ONEDNN_MAX_CPU_ISA=AVX2 for torch).
     cpu_isa: Literal["auto", "avx512", "avx2", "baseline"] = "auto"
     # The model thread and the event loop (gRPC, each step's token batch)
     # share the GIL; a thread that wants it waits up to this long for the
