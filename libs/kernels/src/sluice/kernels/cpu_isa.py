@@ -9,7 +9,10 @@ and ``ONEDNN_MAX_CPU_ISA=AVX2`` set for torch beside it, a replica on an AVX-512
 instruction sets an AVX2-only machine has: a way to measure that machine's
 paths (or avoid a CPU's erratum) without one. The kernels GCC clones per
 instruction set (`target_clones`: the elementwise ones, the argmax) keep
-their own choice; they are a few percent of a step.
+their own choice, so the hold does not show their AVX2 clones: a scalar
+AVX2 clone of SwiGLU's loop (10x slower than its vector form, ~8% of the
+replica's CPU) went unseen under the hold and showed only on an AVX2-only
+CPU. Check those clones' code on such a CPU, or in the disassembly.
 
 Process-wide, like torch's thread count: call it once at start-up, before
 the model is loaded and probed.
