@@ -12,7 +12,8 @@ instruction set (`target_clones`: the elementwise ones, the argmax) keep
 their own choice, so the hold does not show their AVX2 clones: a scalar
 AVX2 clone of SwiGLU's loop (10x slower than its vector form, ~8% of the
 replica's CPU) went unseen under the hold and showed only on an AVX2-only
-CPU. Check those clones' code on such a CPU, or in the disassembly.
+CPU. The tests read those clones' built code instead
+(tests/unit/kernels/test_cpu_clones_vectorised.py).
 
 Process-wide, like torch's thread count: call it once at start-up, before
 the model is loaded and probed.
