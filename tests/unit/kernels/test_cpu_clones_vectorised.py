@@ -45,7 +45,7 @@ def functions(library_path: str) -> dict[str, str]:
 def avx2_clones(library_path: str, kernel: str) -> dict[str, str]:
     """The AVX2 clones of `kernel` and of the loop bodies OpenMP outlined from it."""
     return {name: body for name, body in functions(library_path).items()
-            if (name.startswith(kernel + ".") or name.startswith(kernel + "._omp_fn")) and AVX2_CLONE.search(name)}
+            if name.startswith(kernel + ".") and AVX2_CLONE.search(name)}
 
 
 @pytest.mark.parametrize(("library", "kernel"), [

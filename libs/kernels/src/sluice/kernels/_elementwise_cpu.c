@@ -44,17 +44,11 @@ static void rms_norm_rows(const float *x, const float *weight, float *out, int64
     }
 }
 
-/* silu(g) * u = g * u / (1 + e^-g). e^-|g| <= 1 comes from the vectorised
- * exp of a non-positive argument; for g < 0, e^-g = 1 / e^-|g|, so
- * g / (1 + e^-g) = g e^g / (e^g + 1) = g e / (1 + e) with e = e^-|g|.
- *
- * The choice of g or g e is an integer select on g's sign bit, for the
- * reason exp_nonpositive gives: a float select (g >= 0 ? g : g * e) kept
- * GCC's AVX2 clone scalar (measured on an AVX2-only Zen 3: ~8% of the
- * replica's CPU under load, in this one loop); g * 1.0f is g exactly, so the
- * result is the same to the bit. */
 /* if_set where x's sign bit is set (negative numbers, -0, negative NaNs), else
- * otherwise: a select in integer lanes, which GCC's AVX2 clone vectorises. */
+ * otherwise: a select in integer lanes, which GCC's AVX2 clone vectorises. A
+ * function of its own because the same memcpys written in an `omp simd`
+ * loop's body made GCC give up on that loop (its locals become per-lane
+ * arrays whose addresses are taken). */
 static inline float where_sign_set(float x, float if_set, float otherwise) {
     uint32_t x_bits, set_bits, otherwise_bits;
     memcpy(&x_bits, &x, sizeof x_bits);
@@ -67,6 +61,15 @@ static inline float where_sign_set(float x, float if_set, float otherwise) {
     return out;
 }
 
+/* silu(g) * u = g * u / (1 + e^-g). e^-|g| <= 1 comes from the vectorised
+ * exp of a non-positive argument; for g < 0, e^-g = 1 / e^-|g|, so
+ * g / (1 + e^-g) = g e^g / (e^g + 1) = g e / (1 + e) with e = e^-|g|.
+ *
+ * The choice of g or g e is an integer select on g's sign bit, for the
+ * reason exp_nonpositive gives: a float select (g >= 0 ? g : g * e) kept
+ * GCC's AVX2 clone scalar (measured on an AVX2-only Zen 3: ~8% of the
+ * replica's CPU under load, in this one loop); g * 1.0f is g exactly, so the
+ * result is the same to the bit. */
 SLUICE_CLONES
 static void silu_mul_rows(const float *gate_up, float *out, int64_t rows, int64_t inter, int64_t in_stride,
                           int num_threads) {
